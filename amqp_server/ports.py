@@ -76,6 +76,10 @@ class Grantee(Protocol):
     def recall(self) -> None:
         """What it was granted and has not used is wanted back (another of the channel's queues waits for room)."""
 
+    def limit(self) -> None:
+        """Its channel has a shared limit from now on (basic.qos global after it consumed, as rabbit_channel's
+        ``activate_limit_all`` tells the queues it consumes from): the queue's node sends only what is granted."""
+
 
 class SharedLimit(Protocol[ConsumerT]):
     """A channel's shared prefetch (basic.qos global) as another node's queue is held to it: as

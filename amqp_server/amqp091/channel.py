@@ -924,6 +924,7 @@ class Channel:
     def _basic_qos(self, m: commands.Basic.Qos) -> None:
         if m.prefetch_size:
             raise ConnectionError(errors.NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
+        was = self.global_prefetch
         if m.global_:
             self.global_prefetch = m.prefetch_count
         else:  # for consumers made from now on; the channel's shared limit goes (rabbit_channel: unlimit_prefetch)
@@ -934,7 +935,11 @@ class Channel:
             wanting, self.wanting = self.wanting, {}
             for grantee in wanting.values():
                 grantee.grant(UNLIMITED)
-        elif self.wanting:
+        elif not was:  # other nodes' queues it consumes from are held to it now too (``activate_limit_all``)
+            for consumer in list(self.consumers.values()):
+                if consumer.grantee is not None:
+                    consumer.grantee.limit()
+        if self.wanting:
             self._grant()
         self.reply(commands.Basic.QosOk())
         self.resume_deliveries()

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .persistence import Persistence, QueueRows
     from .policy import Policy
     from ..framing.file_out import Loan
-    from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner, SharedLimit
+    from ..ports import ConfirmSink, DeliveryTarget, ExclusiveOwner, Grantee, SharedLimit
     from .queue_type import QueueType
 
 # what the rest of the node takes from a queue
@@ -77,7 +77,8 @@ class Consumer:
     """basic.consume on one queue; ``prefetch`` 0 means unlimited."""
 
     __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "arguments", "prefetch",
-                 "unacked", "prefix", "priority", "counted", "shares_limit", "filter_set", "sends_from", "limiter")
+                 "unacked", "prefix", "priority", "counted", "shares_limit", "filter_set", "sends_from", "limiter",
+                 "grantee")
 
     def __init__(self, tag: str, channel: "DeliveryTarget[Consumer, Entry]", queue: "AnyQueue", no_ack: bool,
                  exclusive: bool, arguments: dict, prefetch: int, prefix: bytes, priority: int = 0) -> None:
@@ -99,6 +100,8 @@ class Consumer:
         self.sends_from = 0  # stored bodies this large it sends from the store's file, unread (0: none; ``took``)
         # its channel's shared prefetch, which another node's queue is granted credit from (an AMQP 0-9-1 channel's)
         self.limiter: "SharedLimit[Consumer] | None" = None
+        # a consumer of another node's queue that shares its channel's limit: its hold there (set by the queue's proxy)
+        self.grantee: "Grantee | None" = None
 
     def has_credit(self) -> bool:
         if self.prefetch and self.unacked >= self.prefetch:

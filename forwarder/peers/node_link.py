@@ -89,7 +89,8 @@ CONSUME, CONSUMED, CANCEL, CANCELLED = 20, 21, 22, 23
 DELIVER, SETTLE, CREDIT = 30, 31, 32
 MODIFY = 33  # a SETTLE (requeue, release or reject) with an AMQP 1.0 modified outcome's annotations for the messages
 # a consumer whose channel has a shared prefetch (CONSUME's shared) gets only what its node granted it of the
-# channel's room: SHARE (dialer -> owner, CREDIT_BODY: that many more; ``ports.UNLIMITED``: no shared limit any more),
+# channel's room: SHARE (dialer -> owner, CREDIT_BODY: that many more, 0 to one not held so: held from now on, its
+# channel's shared limit set after it consumed; ``ports.UNLIMITED``: no shared limit any more),
 # WANT (owner -> dialer, ID: a message waits for it and it has no grant), UNUSED (owner -> dialer, CREDIT_BODY: the
 # grant it had not used, given back when its node asked: RECALL, dialer -> owner, ID)
 SHARE, WANT, UNUSED, RECALL = 34, 35, 36, 37

@@ -435,6 +435,8 @@ class Peer:
             return
         if count != UNLIMITED:
             remote.granted += count
+        else:  # (the owner sends it what it has again, until it is ``limit``ed)
+            remote.shared = False
         self.link.send(link.SHARE, link.CREDIT_BODY.pack(remote.id, count))
 
     def recall(self, remote: RemoteConsumer) -> None:

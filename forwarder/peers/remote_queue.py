@@ -240,11 +240,12 @@ class RemoteConsumer:
 
     def __init__(self, consumer_id: int, consumer: Consumer) -> None:
         self.id = consumer_id
-        # its channel's shared prefetch bounds what the owner sends it (``ports.SharedLimit``): ``granted`` of its
-        # room, not yet delivered here nor given back
+        # its channel's shared prefetch bounds what the owner sends it (``ports.SharedLimit``), a no-ack consumer's
+        # too (rabbit_limiter:can_send stops it while the channel is at its limit; its deliveries take no room):
+        # ``shared`` while the owner sends only what was granted, ``granted`` of its room, not yet delivered here
+        # nor given back
         limiter = consumer.limiter
-        self.shared = bool(limiter is not None and limiter.global_prefetch and consumer.shares_limit
-                           and not consumer.no_ack)
+        self.shared = bool(limiter is not None and limiter.global_prefetch and consumer.shares_limit)
         self.granted = 0
         self.recalled = False  # what it has not used of its grant was asked back, and the owner has not answered
         # the node it last consumed at, under ``id`` (ids are a link's own: another node's may be the same number);
@@ -278,12 +279,25 @@ class RemoteConsumer:
             self.recalled = True
             self.owner.recall(self)
 
+    def limit(self) -> None:
+        """(``ports.Grantee``) The owner holds it to its grants from now on (none yet), and it asks for room."""
+        limiter = self.consumer.limiter
+        if self.shared or self.owner is None or limiter is None:
+            return
+        self.shared = True
+        self.owner.grant(self, 0)
+        limiter.want(self.consumer, self)
+
     def arrived(self) -> None:
-        """A delivery of its grant came (before it goes on to the client, which counts it unacked then)."""
+        """A delivery of its grant came (before it goes on to the client, which counts it unacked then; a no-ack
+        consumer's takes no room: it is free again at once)."""
         limiter = self.consumer.limiter
         if self.granted and limiter is not None:
             self.granted -= 1
-            limiter.arrived()
+            if self.consumer.no_ack:
+                limiter.unreserve(self.consumer, 1)
+            else:
+                limiter.arrived()
 
     def ungranted(self, count: int) -> None:
         """``count`` of its grant came back unused, or never will come (it is gone)."""
@@ -493,6 +507,8 @@ class RemoteQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.join(consumer)
         remote = self.by_consumer[consumer] = self.peer.consume(self, consumer)
+        if consumer.limiter is not None and consumer.shares_limit:
+            consumer.grantee = remote
         if self.publishes is not None and (self.publishes.leaderless or not self.peer.up):
             remote.attached = False  # (not sent: it consumes once a leader is known, ``follow``, or reached)
 

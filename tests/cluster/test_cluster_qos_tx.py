@@ -183,3 +183,89 @@ def test_room_granted_to_another_node_s_idle_queue_goes_to_this_node_s_queue_tha
             got.clear()
     assert seen == 10
     remote.close()
+
+
+def test_a_shared_prefetch_set_after_consuming_bounds_another_node_s_queue_too(nodes, uid):
+    """``basic.qos(5, global=True)`` on a channel of node 2 that consumes a queue of node 1 already holds that
+    queue to it from then on (rabbit_channel: ``activate_limit_all`` of the queues it consumes from): node 2's
+    client gets 5, and the rest go to node 1's competing consumer, not into node 2's buffer."""
+    n1, n2, _ = nodes
+    local = connect(n1)
+    lch = local.channel()
+    lch.queue_declare(uid)
+    competing: list[int] = []
+    lch.basic_consume(uid, lambda c, m, p, b: competing.append(delivery_tag(m)))
+    wait_for(lambda: passive(n2, uid) == 0, "the queue on node 2")
+    remote = connect(n2)
+    rch = remote.channel()
+    held: list[int] = []
+    rch.basic_consume(uid, lambda c, m, p, b: held.append(delivery_tag(m)))
+    rch.basic_qos(prefetch_count=5, global_qos=True)
+    remote.process_data_events(time_limit=0.5)
+    with connect(n1) as publisher:
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for i in range(100):
+            pch.basic_publish("", uid, f"m{i}".encode())
+    deadline = time.monotonic() + 10
+    while len(competing) + len(held) < 100 and time.monotonic() < deadline:
+        local.process_data_events(time_limit=0.05)
+        remote.process_data_events(time_limit=0.05)
+    remote.process_data_events(time_limit=0.3)
+    assert (len(held), len(competing)) == (5, 95)
+    local.close()
+    remote.close()
+
+
+@pytest.mark.parametrize("owner", [0, 1], ids=["another-node-s-queue", "own-node-s-queue"])
+def test_a_no_ack_consumer_waits_while_its_channel_is_at_its_shared_prefetch(nodes, uid, owner):
+    """A no-ack consumer of a channel whose ``basic.qos(2, global=True)`` is taken by two unacked deliveries gets
+    nothing until the channel has room (rabbit_limiter:can_send is asked for it too, and refuses while the limit is
+    reached; its own deliveries take no room): a queue's messages go to its other consumer meanwhile, whichever
+    node the queue is on; after an ack the no-ack consumer takes what comes."""
+    n1, n2, _ = nodes
+    queue, own = uid + "-q", uid + "-own"
+    local = connect(nodes[owner])
+    lch = local.channel()
+    lch.queue_declare(queue)
+    competing: list[bytes] = []
+    lch.basic_consume(queue, lambda c, m, p, b: competing.append(b), auto_ack=True)
+    wait_for(lambda: passive(n2, queue) == 0, "the queue on node 2")
+    remote = connect(n2)
+    rch = remote.channel()
+    rch.queue_declare(own)
+    rch.basic_qos(prefetch_count=2, global_qos=True)
+    held: list[int] = []
+    rch.basic_consume(own, lambda c, m, p, b: held.append(delivery_tag(m)))
+    for i in range(2):
+        rch.basic_publish("", own, f"own{i}".encode())
+    deadline = time.monotonic() + 5
+    while len(held) < 2 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+    assert len(held) == 2
+    no_ack: list[bytes] = []
+    rch.basic_consume(queue, lambda c, m, p, b: no_ack.append(b), auto_ack=True)
+    remote.process_data_events(time_limit=0.5)
+    with connect(n1) as publisher:
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for i in range(20):
+            pch.basic_publish("", queue, f"m{i}".encode())
+    deadline = time.monotonic() + 10
+    while len(competing) + len(no_ack) < 20 and time.monotonic() < deadline:
+        local.process_data_events(time_limit=0.05)
+        remote.process_data_events(time_limit=0.05)
+    remote.process_data_events(time_limit=0.3)
+    assert (len(no_ack), len(competing)) == (0, 20)
+    local.close()
+    rch.basic_ack(held[-1], multiple=True)
+    with connect(n1) as publisher:
+        pch = publisher.channel()
+        pch.confirm_delivery()
+        for i in range(30):
+            pch.basic_publish("", queue, f"after{i}".encode())
+    deadline = time.monotonic() + 10
+    while len(no_ack) < 30 and time.monotonic() < deadline:
+        remote.process_data_events(time_limit=0.05)
+    assert no_ack == [f"after{i}".encode() for i in range(30)]
+    remote.close()
