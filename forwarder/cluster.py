@@ -49,6 +49,7 @@ STATS_INTERVAL = 1.0
 STARTUP_TIMEOUT = 10.0
 CURRENT_TIMEOUT = 5.0  # how long a publish routed nowhere waits for this node's definitions to be current
 SPREAD_WAIT = 2.0  # how long a change of definitions answered here waits for another node to have it too
+DOWN_POLL = 1.0  # a node etcd took for down whose link here is still up is looked at again this often
 BALANCED = ("balanced", "least-leaders", "random")
 ACCESS_KINDS = ("user", "vhost", "permission", "topic_permission", "vhost_limits", "user_limits", "global_parameter",
                 "parameter", "federation_suffix")
@@ -66,11 +67,12 @@ class Cluster:
         self.metadata = Metadata(self.client, broker.store, self.apply, Signer(self.secret))
         self.link_port = config.cluster_port or config.amqp_port + 20000
         host = config.cluster_advertise or (config.bind if config.bind not in ("0.0.0.0", "::") else "127.0.0.1")
-        self.membership = Membership(self.client, self.name, {
+        self.membership = Membership(self.client, self.name, self.run, {
             "name": self.name, "host": host, "link_port": self.link_port, "amqp_port": config.amqp_port,
             "mgmt_port": config.mgmt_port if config.mgmt_enabled else 0,
             "stream": [config.stream_host or host, config.stream_advertised_port or config.stream_port]
-            if config.stream_enabled else None}, self._joined, self._left)
+            if config.stream_enabled else None}, self._joined, self._left, self._lapsed)
+        self._down: dict[str, asyncio.Task[None]] = {}  # nodes etcd took for down: their transient queues go
         self._streams: dict[str, tuple[str, int]] = {}  # where the other nodes serve the stream protocol
         self.peers: dict[str, Peer] = {}
         self.quorum = QuorumGroups(self)
@@ -156,7 +158,7 @@ class Cluster:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
-        await stop_tasks(self._stats, self._joining, self._dropping)
+        await stop_tasks(self._stats, self._joining, self._dropping, *self._down.values())
         await self.quorum.stop()
         self.orphans.close()
         await self.membership.stop()
@@ -195,6 +197,41 @@ class Cluster:
         if peer is not None:
             peer.close()
             log.info("node %s left the cluster", name)
+
+    def _lapsed(self, name: str) -> None:
+        """etcd has not heard from ``name`` for its lease (``membership.NODE_TTL``), or it stopped: down for the
+        cluster.  Its transient queues go once this node's link to it is down too (``_transient_go``)."""
+        if name not in self._down:
+            task = self._down[name] = asyncio.get_running_loop().create_task(self._transient_go(name))
+            task.add_done_callback(lambda _: self._down.pop(name, None))
+
+    async def _transient_go(self, name: str) -> None:
+        """Delete the non-durable queues (exclusive ones among them) of ``name`` cluster-wide, with their bindings,
+        as RabbitMQ's nodes do on its node-down (rabbit_amqqueue:on_node_down deletes a down node's queues that are
+        not replicated: its durable ones stay, down).  Only once etcd holds no alive key of it (asked again
+        now) and this node's link to it is down: a node cut off from one peer still refreshes its key, and one
+        cut off from etcd alone is still reached here, and neither loses anything.  Every node that sees it
+        down deletes the same records: each deletion is one etcd delete, a second of it a no-op."""
+        while True:
+            peer = self.peers.get(name)
+            if peer is None or name in self.membership.alive:
+                return
+            if not peer.up:
+                try:
+                    if await self.membership.is_alive(name):
+                        return
+                    break
+                except aetcd.exceptions.ClientError:
+                    pass  # (asked again)
+            await asyncio.sleep(DOWN_POLL)
+        removed = 0
+        for vhost in list(self.broker.vhosts.values()):
+            for queue in list(vhost.queues.values()):
+                if queue.node == name and not queue.durable:
+                    self.broker.remove_queue(vhost, queue)
+                    removed += 1
+        if removed:
+            log.info("%d transient queue(s) of node %s, down, deleted", removed, name)
 
     async def forget(self, name: str) -> None:
         """Remove a stopped node for good: its queues (and their bindings) go, then its membership."""

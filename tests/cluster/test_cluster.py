@@ -1089,20 +1089,40 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
         assert bodies == [f"p{i}" for i in range(20)]
 
 
-def test_an_exclusive_queue_of_a_killed_node_is_deleted_everywhere_when_it_restarts(cluster, uid):
-    """Node 3 is killed with its connection's exclusive queue: the queue is down meanwhile, and deleted
-    cluster-wide once node 3 starts again (its record names node 3's earlier run), as RabbitMQ deletes a down
-    node's exclusive queues (rabbit_amqqueue:on_node_down); its connection cannot come back to it."""
+def test_a_killed_node_s_transient_queues_are_deleted_everywhere_once_it_is_down(cluster, uid):
+    """Node 3 is killed with its connection's exclusive queue, a transient queue bound to an exchange and a durable
+    queue: once etcd no longer hears it (``NODE_TTL``), the transient and exclusive ones are deleted on every node,
+    with their bindings, and another client may declare the exclusive one's name; the durable one stays, down, as
+    RabbitMQ's rabbit_amqqueue:on_node_down deletes a down node's queues that are not replicated from
+    ``rabbit_queue`` (a durable one's record stays in ``rabbit_durable_queue``).  The node's restart deletes
+    nothing of the new owner's."""
     etcd, nodes = cluster
-    n1, _, n3 = nodes
+    n1, n2, n3 = nodes
+    exclusive, transient, durable = uid + "-x", uid + "-t", uid + "-d"
     owner = connect(n3)
-    owner.channel().queue_declare(uid, exclusive=True)
-    assert api(n1, f"/queues/%2F/{uid}")["node"] == "warren3@localhost"
+    och = owner.channel()
+    och.queue_declare(exclusive, exclusive=True)
+    och.queue_declare(transient)
+    och.queue_bind(transient, "amq.fanout")
+    och.queue_declare(durable, durable=True)
+    assert api(n1, f"/queues/%2F/{exclusive}")["node"] == "warren3@localhost"
     n3.kill()
-    wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["state"] == "down", "the queue down on node 1")
+    wait_for(lambda: api(n1, f"/queues/%2F/{exclusive}")["state"] == "down", "the queue down on node 1")
+    for node in (n1, n2):
+        for name in (exclusive, transient):
+            wait_for(lambda node=node, name=name: gone(node, name), f"{name} gone from node {node.port}", timeout=40)
+        assert not any(b["destination"] == transient for b in api(node, "/bindings"))
+        assert api(node, f"/queues/%2F/{durable}")["state"] == "down"
+        with pytest.raises(ChannelClosedByBroker) as info:
+            passive(node, durable)
+        assert info.value.reply_code == 404 and "is down or inaccessible" in info.value.reply_text
+    taker = connect(n1)
+    taker.channel().queue_declare(exclusive, exclusive=True)
     nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
-    for node in (n1, nodes[2]):
-        wait_for(lambda node=node: gone(node, uid), f"the exclusive queue gone from node {node.port}", timeout=20)
+    wait_for(lambda: passive(nodes[2], durable) == 0, "the durable queue back with node 3", timeout=20)
+    assert api(nodes[2], f"/queues/%2F/{exclusive}")["node"] == "warren1@localhost"
+    assert gone(nodes[2], transient)
+    taker.close()
 
 
 def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):

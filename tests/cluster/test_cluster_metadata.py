@@ -15,7 +15,7 @@ import pytest
 
 from amqp_server.definition_store import DefinitionStore
 from forwarder.metadata import etcd as etcd_client, membership, mirror as metadata
-from forwarder.metadata.membership import MEMBERS_PREFIX, Membership
+from forwarder.metadata.membership import ALIVE_PREFIX, MEMBERS_PREFIX, Membership
 from forwarder.metadata.mirror import Metadata, etcd_key
 from forwarder.metadata.signing import MAC_FIELD, Signer
 from conftest import CLUSTER, starts
@@ -339,7 +339,7 @@ def test_members_are_read_again_after_a_broken_watch_whatever_etcd_compacted(tmp
                 joined.pop(name, None)
 
             client = aetcd.Client(port=etcd.port, timeout=5)
-            members = Membership(client, "a", {"name": "a"}, join, leave)
+            members = Membership(client, "a", "run-a", {"name": "a"}, join, leave, lambda name: None)
             await admin.put(MEMBERS_PREFIX + b"b", json.dumps({"name": "b"}).encode())
             try:
                 await members.start()
@@ -363,6 +363,40 @@ def test_members_are_read_again_after_a_broken_watch_whatever_etcd_compacted(tmp
             finally:
                 await members.stop()
                 await client.close()
+
+    run(scenario())
+
+
+def test_a_member_is_down_once_etcd_holds_no_alive_key_of_it(etcd, run):
+    """A node holds its alive key under a lease while it runs and revokes it as it stops: another node hears of
+    a member without one (already at start, or once it goes) as down, and of none that holds one."""
+
+    async def scenario() -> None:
+        async with admin_of(etcd) as admin:
+            lapsed: list[str] = []
+            client = aetcd.Client(port=etcd.port, timeout=5)
+            b_client = aetcd.Client(port=etcd.port, timeout=5)
+            await admin.put(MEMBERS_PREFIX + b"gone", json.dumps({"name": "gone"}).encode())
+            a = Membership(client, "a", "run-a", {"name": "a"}, lambda name, address: None, lambda name: None,
+                           lapsed.append)
+            b = Membership(b_client, "b", "run-b", {"name": "b"}, lambda name, address: None, lambda name: None,
+                           lambda name: None)
+            try:
+                await b.start()
+                await a.start()
+                assert lapsed == ["gone"] and (await admin.get(ALIVE_PREFIX + b"b")).value == b"run-b"
+                assert await a.is_alive("b") and not await a.is_alive("gone")
+                await b.stop()
+
+                async def b_down() -> bool:
+                    return lapsed == ["gone", "b"]
+
+                await until(b_down, "node b taken for down")
+                assert not await a.is_alive("b") and "b" not in a.alive
+            finally:
+                await a.stop()
+                await client.close()
+                await b_client.close()
 
     run(scenario())
 
