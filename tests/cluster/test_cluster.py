@@ -1,6 +1,7 @@
 """Three Warren nodes and an etcd they agree through, all real processes on loopback ports."""
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import queue as queue_module
@@ -18,6 +19,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+import aetcd
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
@@ -27,6 +29,7 @@ from pika.spec import Basic
 
 from conftest import CLUSTER, ROOT, BrokerProcess, free_port, starts, unavailable
 from conftest import connect as conftest_connect
+from forwarder.metadata.membership import ALIVE_PREFIX, NODE_TTL
 from support import Raw, call, delivery_tag, headers_of, publish_frames, stalled_consumer
 
 ETCD = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else None)
@@ -1583,6 +1586,53 @@ def test_a_change_etcd_never_took_is_undone_when_its_node_starts_again(tmp_path)
         time.sleep(2)  # (its full read of etcd done)
         for node in (n1, n2):
             assert [b["routing_key"] for b in api(node, "/queues/%2F/kept/bindings")] == ["kept"], (node is n2)
+    finally:
+        for node in nodes:
+            node.stop()
+        cut.close()
+        etcd.stop()
+
+
+def held(etcd: Etcd, key: bytes) -> bool:
+    """Whether etcd holds ``key`` now."""
+    async def get() -> bool:
+        client = aetcd.Client(port=etcd.port, timeout=5)
+        try:
+            return await client.get(key) is not None
+        finally:
+            await client.close()
+    return asyncio.run(get())
+
+
+@pytest.mark.cluster
+def test_a_node_cut_off_from_etcd_alone_keeps_its_transient_queues(tmp_path):
+    """Node 2 reaches etcd through a proxy, cut for longer than its alive key's lease (``NODE_TTL``) while its link
+    to node 1 stays up: etcd takes it for down, but node 1 still reaches it, so its exclusive and transient queues
+    are deleted nowhere and its connection goes on using them (what a down node's would lose)."""
+    etcd = Etcd(tmp_path / "etcd")
+    cut = Cuttable(etcd.port)
+    nodes: list[BrokerProcess] = []
+    try:
+        nodes.append(start_node(tmp_path, etcd, 1))
+        nodes.append(start_node(tmp_path, cut, 2))
+        n1, n2 = nodes
+        wait_for(lambda: len(running_nodes(n1)) == 2 and len(running_nodes(n2)) == 2, "nodes see each other", 30)
+        owner = connect(n2)
+        och = owner.channel()
+        och.queue_declare("cut-exclusive", exclusive=True)
+        och.queue_declare("cut-transient")
+        wait_for(lambda: passive(n1, "cut-transient") == 0, "node 2's queues on node 1")
+        cut.cut()
+        cut.open = False
+        wait_for(lambda: not held(etcd, ALIVE_PREFIX + b"warren2@localhost"), "node 2's alive key gone", NODE_TTL + 10)
+        time.sleep(3)  # (node 1 looks at it every second)
+        cut.restore()
+        for node in (n1, n2):
+            assert api(node, "/queues/%2F/cut-exclusive")["node"] == "warren2@localhost"
+            assert passive(node, "cut-transient") == 0
+        och.basic_publish("", "cut-exclusive", b"still its own")
+        assert och.basic_get("cut-exclusive", auto_ack=True)[2] == b"still its own"
+        owner.close()
     finally:
         for node in nodes:
             node.stop()
