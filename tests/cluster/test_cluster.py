@@ -1128,6 +1128,22 @@ def test_a_killed_node_s_transient_queues_are_deleted_everywhere_once_it_is_down
     taker.close()
 
 
+def test_an_exclusive_queue_of_a_killed_node_is_deleted_everywhere_when_it_restarts(cluster, uid):
+    """Node 3 is killed with its connection's exclusive queue and started again at once, before etcd takes it for
+    down: the queue is down meanwhile, and deleted cluster-wide as node 3 starts (its record names node 3's
+    earlier run); its connection cannot come back to it."""
+    etcd, nodes = cluster
+    n1, _, n3 = nodes
+    owner = connect(n3)
+    owner.channel().queue_declare(uid, exclusive=True)
+    assert api(n1, f"/queues/%2F/{uid}")["node"] == "warren3@localhost"
+    n3.kill()
+    wait_for(lambda: api(n1, f"/queues/%2F/{uid}")["state"] == "down", "the queue down on node 1")
+    nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
+    for node in (n1, nodes[2]):
+        wait_for(lambda node=node: gone(node, uid), f"the exclusive queue gone from node {node.port}", timeout=20)
+
+
 def test_restarted_node_catches_up_on_missed_definitions(cluster, uid):
     etcd, nodes = cluster
     n1, n2, n3 = nodes
