@@ -30,7 +30,7 @@ from amqp_server.tasks import stop_tasks
 
 from .metadata import etcd
 from .peers.node_link import ALARMS, STATS, ServerLink, encode_json, listener
-from .metadata.membership import Membership
+from .metadata.membership import ALIVE_PREFIX, Membership
 from .metadata.mirror import DEF_PREFIX, Metadata
 from .peers.peer import Peer
 from .quorum.groups import QuorumGroups
@@ -208,30 +208,54 @@ class Cluster:
     async def _transient_go(self, name: str) -> None:
         """Delete the non-durable queues (exclusive ones among them) of ``name`` cluster-wide, with their bindings,
         as RabbitMQ's nodes do on its node-down (rabbit_amqqueue:on_node_down deletes a down node's queues that are
-        not replicated: its durable ones stay, down).  Only once etcd holds no alive key of it (asked again
-        now) and this node's link to it is down: a node cut off from one peer still refreshes its key, and one
-        cut off from etcd alone is still reached here, and neither loses anything.  Every node that sees it
-        down deletes the same records: each deletion is one etcd delete, a second of it a no-op."""
+        not replicated: its durable ones stay, down).  Only once this node's link to it is down too: a node cut off
+        from one peer still refreshes its key, and one cut off from etcd alone is still reached here, and neither
+        loses anything.  Each queue goes in an etcd transaction that holds only while etcd has no alive key of the
+        node and the records are those seen here: of the nodes that see it down one deletes it, and a queue the
+        node made again after it came back stays."""
+        guard = ALIVE_PREFIX + name.encode()
         while True:
             peer = self.peers.get(name)
             if peer is None or name in self.membership.alive:
                 return
             if not peer.up:
-                try:
-                    if await self.membership.is_alive(name):
-                        return
-                    break
-                except aetcd.exceptions.ClientError:
-                    pass  # (asked again)
+                break
             await asyncio.sleep(DOWN_POLL)
+        bindings = [BindingRecord.from_json(record) for kind, _, record in self.metadata.mirrored()
+                    if kind == BindingRecord.kind]
         removed = 0
         for vhost in list(self.broker.vhosts.values()):
-            for queue in list(vhost.queues.values()):
-                if queue.node == name and not queue.durable:
-                    self.broker.remove_queue(vhost, queue)
-                    removed += 1
+            for queue in [queue for queue in vhost.queues.values() if queue.node == name and not queue.durable]:
+                own = [binding for binding in bindings if binding.vhost == vhost.name
+                       and binding.destination_type == "queue" and binding.destination == queue.name]
+                bindings = [binding for binding in bindings if binding not in own]
+                while True:
+                    try:
+                        deleted = await self.metadata.delete_unless(
+                            self._taken_with(vhost, queue.name, own, bindings), guard)
+                        break
+                    except aetcd.exceptions.ClientError:
+                        await asyncio.sleep(DOWN_POLL)  # (etcd away: the same question once it answers)
+                removed += deleted
         if removed:
             log.info("%d transient queue(s) of node %s, down, deleted", removed, name)
+
+    @staticmethod
+    def _taken_with(vhost: VHost, name: str, own: list[BindingRecord], others: list[BindingRecord]
+                    ) -> list[tuple[str, str]]:
+        """(kind, key) of queue ``name``'s record and of what its deletion takes with it, as
+        rabbit_binding:remove_transient_for_destination does: its bindings (``own``), and an auto-delete exchange
+        they leave with none (of ``others``), with the bindings to that exchange."""
+        records = [(QueueRecord.kind, QueueRecord(vhost.name, name).key)] + [(BindingRecord.kind, b.key) for b in own]
+        for source in {binding.source for binding in own}:
+            exchange = vhost.exchanges.get(source)
+            if exchange is None or not exchange.auto_delete or any(
+                    b.vhost == vhost.name and b.source == source for b in others):
+                continue
+            records.append((ExchangeRecord.kind, ExchangeRecord(vhost.name, source, exchange.type_name).key))
+            records += [(BindingRecord.kind, b.key) for b in others
+                        if b.vhost == vhost.name and b.destination_type == "exchange" and b.destination == source]
+        return records
 
     async def forget(self, name: str) -> None:
         """Remove a stopped node for good: its queues (and their bindings) go, then its membership."""

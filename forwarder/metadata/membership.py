@@ -91,10 +91,6 @@ class Membership:
             except (aetcd.ClientError, asyncio.TimeoutError):
                 pass
 
-    async def is_alive(self, name: str) -> bool:
-        """Whether etcd holds ``name``'s alive key now (asked of etcd, not of the watch)."""
-        return await self.client.get(ALIVE_PREFIX + name.encode()) is not None
-
     async def _read(self) -> int:
         """Every member etcd has now (a node gone from it meanwhile has left); returns the revision read."""
         reply = await self.client.get_prefix(MEMBERS_PREFIX)

@@ -178,6 +178,20 @@ class Metadata:
         self._made(meta.mod_revision)  # (another node's declaration, answered here: the others may lag too)
         return current
 
+    async def delete_unless(self, records: list[tuple[str, str]], guard: bytes) -> bool:
+        """Delete the records (kind, key) as the mirror has them, in one transaction, unless etcd holds ``guard``
+        then or one of them changed since (or went): whether they were deleted.  Their deletion reaches this node's
+        broker through the watch, as it reaches every other node's."""
+        keys = [etcd_key(kind, key) for kind, key in records]
+        revisions = [self._revisions.get(key.decode(), 0) for key in keys]
+        if not all(revisions):
+            return False
+        ops = self.client.transactions
+        won, _ = await self.client.transaction(
+            compare=[ops.version(guard) == 0, *(ops.mod(key) == revision for key, revision in zip(keys, revisions))],
+            success=[ops.delete(key) for key in keys], failure=[])
+        return bool(won)
+
     async def fetch(self, kind: str, key: str) -> dict[str, Any] | None:
         """The record etcd has now (it reaches the mirror through the watch)."""
         full = etcd_key(kind, key)

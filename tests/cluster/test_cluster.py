@@ -1095,18 +1095,21 @@ def test_node_down_then_back(cluster, tmp_path_factory, uid):
 def test_a_killed_node_s_transient_queues_are_deleted_everywhere_once_it_is_down(cluster, uid):
     """Node 3 is killed with its connection's exclusive queue, a transient queue bound to an exchange and a durable
     queue: once etcd no longer hears it (``NODE_TTL``), the transient and exclusive ones are deleted on every node,
-    with their bindings, and another client may declare the exclusive one's name; the durable one stays, down, as
+    with their bindings and an auto-delete exchange left without any, and another client may declare the exclusive
+    one's name; the durable one stays, down, as
     RabbitMQ's rabbit_amqqueue:on_node_down deletes a down node's queues that are not replicated from
     ``rabbit_queue`` (a durable one's record stays in ``rabbit_durable_queue``).  The node's restart deletes
     nothing of the new owner's."""
     etcd, nodes = cluster
     n1, n2, n3 = nodes
-    exclusive, transient, durable = uid + "-x", uid + "-t", uid + "-d"
+    exclusive, transient, durable, exchange = uid + "-x", uid + "-t", uid + "-d", uid + "-ad"
     owner = connect(n3)
     och = owner.channel()
     och.queue_declare(exclusive, exclusive=True)
     och.queue_declare(transient)
     och.queue_bind(transient, "amq.fanout")
+    och.exchange_declare(exchange, "fanout", auto_delete=True)  # (bound to the transient queue alone)
+    och.queue_bind(transient, exchange)
     och.queue_declare(durable, durable=True)
     assert api(n1, f"/queues/%2F/{exclusive}")["node"] == "warren3@localhost"
     n3.kill()
@@ -1115,6 +1118,7 @@ def test_a_killed_node_s_transient_queues_are_deleted_everywhere_once_it_is_down
         for name in (exclusive, transient):
             wait_for(lambda node=node, name=name: gone(node, name), f"{name} gone from node {node.port}", timeout=40)
         assert not any(b["destination"] == transient for b in api(node, "/bindings"))
+        assert exchange not in [x["name"] for x in api(node, "/exchanges")]
         assert api(node, f"/queues/%2F/{durable}")["state"] == "down"
         with pytest.raises(ChannelClosedByBroker) as info:
             passive(node, durable)
@@ -1124,7 +1128,9 @@ def test_a_killed_node_s_transient_queues_are_deleted_everywhere_once_it_is_down
     nodes[2] = start_node(n3.data_dir.parent, etcd, 3, port=n3.port, link_port=n3.link_port)
     wait_for(lambda: passive(nodes[2], durable) == 0, "the durable queue back with node 3", timeout=20)
     assert api(nodes[2], f"/queues/%2F/{exclusive}")["node"] == "warren1@localhost"
-    assert gone(nodes[2], transient)
+    assert gone(nodes[2], transient)  # (etcd has none of them: node 3's own view, which had them, follows)
+    assert not any(b["destination"] == transient for b in api(nodes[2], "/bindings"))
+    assert exchange not in [x["name"] for x in api(nodes[2], "/exchanges")]
     taker.close()
 
 
