@@ -30,6 +30,7 @@ from stream_log import amqp10
 from stream_log.amqp10 import NULL, symbol, symbols, uint, ushort, utf8
 from . import frames
 from .frames import Amqp10Error
+from .host import Answer
 from .session import Session
 
 if TYPE_CHECKING:
@@ -542,12 +543,12 @@ class Amqp10Connection(FrontEnd):
             session.grant_credit()
         self.schedule_flush()
 
-    def await_request(self, work: Coroutine[Any, Any, bytes], answer: Callable[[bytes], None]) -> None:
+    def await_request(self, work: Coroutine[Any, Any, Answer], answer: Callable[[Answer], None]) -> None:
         self.hold_reading(WAITING)
         asyncio.get_running_loop().create_task(work).add_done_callback(
             lambda task: self._request_done(task, answer))
 
-    def _request_done(self, task: asyncio.Task[bytes], answer: Callable[[bytes], None]) -> None:
+    def _request_done(self, task: asyncio.Task[Answer], answer: Callable[[Answer], None]) -> None:
         if task.cancelled() or self.state != OPEN:
             return
         try:

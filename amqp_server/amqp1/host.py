@@ -3,7 +3,7 @@
 (``channel.ChannelHost``)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol, TypeVar
 
 from ..framing.file_out import Part
 from ..ports import ExclusiveOwner
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from ..frontend.front_end import Registry
     from ..broker.vhost import VHost
     from .frames import Amqp10Error
+
+Answer = TypeVar("Answer")  # what a request awaited off the frame loop gives back
 
 
 class SessionHost(ExclusiveOwner[Queue], Protocol):
@@ -44,7 +46,7 @@ class SessionHost(ExclusiveOwner[Queue], Protocol):
 
     def growing(self) -> None: ...
 
-    def await_request(self, work: Coroutine[Any, Any, bytes], answer: Callable[[bytes], None]) -> None:
+    def await_request(self, work: Coroutine[Any, Any, Answer], answer: Callable[[Answer], None]) -> None:
         """A /management request that may await the cluster: the frames after it wait until ``answer`` has its
         response."""
 

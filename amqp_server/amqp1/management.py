@@ -19,7 +19,10 @@ from urllib.parse import parse_qs, quote, unquote
 
 from exchanges import Exchange
 
+from .. import errors
 from ..errors import AMQPError
+from . import frames
+from .frames import SessionError
 from stream_log import amqp10
 from stream_log.amqp10 import NULL, Value, described, encode_list, encode_map, utf8
 
@@ -40,12 +43,19 @@ class Refused(Exception):
         self.text = text
 
 
-def _status_of(exc: AMQPError) -> str:
-    return {404: "404", 403: "403", 406: "409", 405: "409"}.get(exc.code, "400")
+def _status_of(exc: AMQPError, method: str | None, path: str) -> str:
+    """rabbit_amqp_management's status for a broker operation's error: a declaration's precondition-failed is 409,
+    a queue unknown to GET 404, any other error 400 (purge, delete and bindings catch every ``amqp_error``)."""
+    if method == "PUT" and exc.code == errors.PRECONDITION_FAILED:
+        return "409"
+    if method == "GET" and exc.code == errors.NOT_FOUND and path.startswith("/queues/"):
+        return "404"
+    return "400"
 
 
-async def handle(connection: SessionHost, record: bytes) -> bytes:
-    """The response to one request (a message's bytes), as a message's bytes."""
+async def handle(connection: SessionHost, record: bytes) -> bytes | SessionError:
+    """The response to one request (a message's bytes), as a message's bytes; or the error its session ends with,
+    as RabbitMQ's check_resource_access ends it for an authorization failure rather than answer 403."""
     message_id: Value | None = None
     try:
         found = amqp10.sections(record)
@@ -68,7 +78,9 @@ async def handle(connection: SessionHost, record: bytes) -> bytes:
     except Refused as exc:
         status, answer = exc.status, utf8(exc.text)
     except AMQPError as exc:
-        status, answer = _status_of(exc), utf8(exc.detail)
+        if exc.code == errors.ACCESS_REFUSED:
+            return SessionError(frames.UNAUTHORIZED_ACCESS, exc.detail)
+        status, answer = _status_of(exc, method, path), utf8(exc.detail)
     return _response(message_id, status, answer)
 
 

@@ -737,7 +737,10 @@ class Incoming(LinkEndpoint):
         self.connection.await_request(management.handle(self.connection, record),
                                       lambda response: self._answered(paired, response, delivery_id, settled))
 
-    def _answered(self, paired: Outgoing, response: bytes, delivery_id: int, settled: bool) -> None:
+    def _answered(self, paired: Outgoing, response: bytes | SessionError, delivery_id: int, settled: bool) -> None:
+        if isinstance(response, SessionError):
+            self.session.end_with(response)
+            return
         if self.session.links.get(paired.handle) is paired:
             paired.respond(response)
         if self.session.links.get(self.handle) is self:
