@@ -54,7 +54,7 @@ MAX_UINT = 0xFFFFFFFF
 _TAG = struct.Struct(">I")
 _TAG_BIN4 = 0xA004  # a delivery tag's constructor: a binary of 4 bytes
 LARGE_BODY = 64 * 1024  # a body at least this large is written from where it is, not copied into the output
-MAX_RESPONSES = 256  # management responses kept for a client that gives their link no credit
+MAX_RESPONSES = 256  # direct replies kept for a client that gives their link no credit
 _TRANSFER_OVERHEAD = 64  # frame header and transfer performative, at most (a 4-byte tag)
 
 
@@ -728,12 +728,15 @@ class Incoming(LinkEndpoint):
             self._outcome(delivery_id, False, frames.ACCEPTED_STATE)
 
     def _request(self, record: bytes, delivery_id: int, settled: bool) -> None:
-        """A request to the /management node: its response goes on the outgoing link of the same name."""
+        """A request to the /management node: its response goes on the outgoing link of the same name, which must
+        be attached and have credit for it, else the session ends (RabbitMQ's incoming_mgmt_link_transfer)."""
         paired = next((link for link in self.session.links.values()
                        if isinstance(link, Outgoing) and link.management and link.name == self.name), None)
         if paired is None:
-            raise LinkError(frames.PRECONDITION_FAILED, "management request before the paired link attached",
-                            self.handle)
+            raise SessionError(frames.PRECONDITION_FAILED, "received transfer on half open management link pair")
+        if paired.credit <= 0:
+            raise SessionError(frames.PRECONDITION_FAILED, f"insufficient credit ({paired.credit}) for management "
+                               "link from RabbitMQ to client")
         self.connection.await_request(management.handle(self.connection, record),
                                       lambda response: self._answered(paired, response, delivery_id, settled))
 
@@ -1057,9 +1060,7 @@ class Outgoing(LinkEndpoint):
             uint(self.credit), uint(0), boolean(drain)))
 
     def respond(self, response: bytes) -> None:
-        if len(self.responses) >= MAX_RESPONSES:
-            raise LinkError(frames.RESOURCE_LIMIT_EXCEEDED, f"more than {MAX_RESPONSES} management responses "
-                            "wait for link credit", self.handle)
+        """A /management response: the request was taken only with credit for it (``Incoming._request``)."""
         self.responses.append(response)
         self._send_responses()
 

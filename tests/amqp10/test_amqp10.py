@@ -1400,6 +1400,34 @@ async def test_the_management_link_is_granted_rabbitmqs_8_credit_and_an_unpaired
         broker.close()
 
 
+@pytest.mark.parametrize("receiver_credit, description", [
+    (None, "received transfer on half open management link pair"),
+    (0, "insufficient credit (0) for management link from RabbitMQ to client"),
+])
+async def test_a_management_request_with_no_response_link_or_credit_ends_the_session(tmp_path, receiver_credit,
+                                                                                     description):
+    """rabbit_amqp_session ``incoming_mgmt_link_transfer`` takes a request only with the paired outgoing half
+    attached and holding credit, else the session ends with amqp:precondition-failed (the half-open pair was a
+    link detach; a response without credit waited)."""
+    broker = _broker_with_q(tmp_path)
+    try:
+        connection, transport = _in_process(broker)
+        if receiver_credit is not None:
+            connection.data_received(_management_attach(1, True, True) + _link_flow(1, 0, receiver_credit))
+        connection.data_received(_management_attach(0, False, True))
+        _written(connection, transport)
+        request = (described(0x73, encode_list([utf8("1"), amqp10.NULL, utf8("/queues/q"), utf8("GET"),
+                                                utf8("$me")])) + described(0x77, amqp10.NULL))
+        connection.data_received(_transfer(0, 0, True, payload=request))
+        await asyncio.sleep(0.1)
+        found = _written(connection, transport)
+        assert [code for code, _ in found] == [END] and _error(found[0][1], 0) == (
+            "amqp:precondition-failed", description)
+        assert 0 not in connection.sessions
+    finally:
+        broker.close()
+
+
 async def test_the_outcomes_due_when_the_client_ends_the_session_go_out_before_its_end(tmp_path):
     """An unroutable transfer and the client's END in one read: the released outcome goes out, then the END
     (RabbitMQ's ``handle_frame(#'v1_0.end'{})`` sends the delivery state changes first; it was dropped)."""
