@@ -469,6 +469,16 @@ def _check_paired(properties: Value | None) -> None:
         raise Amqp10Error(frames.INVALID_FIELD, "Link property 'paired' is not set to boolean value 'true'")
 
 
+def _attach_arguments(properties: Value | None) -> dict[str, int]:
+    """The consumer arguments a receiving link's properties ask for: ``rabbitmq:priority`` (an int) is the
+    consumer's ``x-priority``, as RabbitMQ 4.x's parse_attach_properties reads it (another type is ignored)."""
+    if properties is None or properties.kind != "map":
+        return {}
+    found = next((value for key, value in properties.value
+                  if key.kind == "symbol" and key.value == "rabbitmq:priority"), None)
+    return {"x-priority": found.value} if found is not None and found.kind == "int" else {}
+
+
 def _durable(fields: list[Value] | None) -> bool:
     """A terminus asking for configuration (1) or unsettled-state (2) durability: a queue it declares is durable."""
     return fields is not None and frames.typed(fields, 1, ("uint",), "durable", 0) in (1, 2)
@@ -1030,7 +1040,8 @@ class Outgoing(LinkEndpoint):
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch;
         # a stream of another node gets the filters with the consumer, its owner applying them
-        self.consumer = self.broker.consume(queue, self, tag, self.settled, False, wanted.arguments, 0xFFFF,
+        self.consumer = self.broker.consume(queue, self, tag, self.settled, False,
+                                            {**wanted.arguments, **_attach_arguments(self.properties)}, 0xFFFF,
                                             filter_set=self.filter_set if wanted.accepts is not None and log
                                             and local is None else None)
         self.consumer.sends_from = SEND_FROM_FILE

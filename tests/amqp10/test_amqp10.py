@@ -362,6 +362,37 @@ def test_credit_bounds_what_the_node_sends(node):
         connection.close()
 
 
+def test_a_receivers_rabbitmq_priority_property_is_its_consumer_priority(node):
+    """RabbitMQ 4.x's parse_attach_properties makes the link property ``rabbitmq:priority`` (an int) the consumer's
+    ``x-priority``: the higher consumer gets every message while it has credit (they were shared round-robin)."""
+    from proton import int32, symbol
+    from proton.reactor import LinkOption
+
+    class Priority(LinkOption):
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+        def apply(self, link: Any) -> None:
+            link.properties = {symbol("rabbitmq:priority"): self.value}
+
+    declare(node, "prio").close()
+    connection = connect(node)
+    try:
+        low = connection.create_receiver("/queues/prio", credit=10, name="low")
+        high = connection.create_receiver("/queues/prio", credit=10, name="high", options=Priority(int32(5)))
+        ignored = connection.create_receiver("/queues/prio", credit=10, name="ignored",
+                                             options=Priority("9"))  # not an int
+        sender = connection.create_sender("/queues/prio")
+        for i in range(4):
+            sender.send(Message(body=i))
+        assert [high.receive(timeout=5).body for _ in range(4)] == [0, 1, 2, 3]
+        time.sleep(0.3)
+        for other in (low, ignored):
+            assert other.fetcher is not None and len(other.fetcher.incoming) == 0
+    finally:
+        connection.close()
+
+
 def test_unknown_queue_is_refused_as_rabbitmq_refuses_it(node):
     connection = connect(node)
     try:
