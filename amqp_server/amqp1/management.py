@@ -179,44 +179,104 @@ def plain(value: Value, depth: int = 0) -> Any:
     return value.value
 
 
-def _map(value: Value, what: str) -> dict[str, Value]:
+_QUEUE_FIELDS = {"durable": "bool", "exclusive": "bool", "auto_delete": "bool", "arguments": None}
+_EXCHANGE_FIELDS = {"durable": "bool", "auto_delete": "bool", "type": "string", "internal": "bool", "arguments": None}
+_BINDING_FIELDS = {"source": "string", "destination_queue": "string", "destination_exchange": "string",
+                   "binding_key": "string", "arguments": None}
+
+
+def _fields(value: Value, known: dict[str, str | None], refusal: str) -> dict[str, Value]:
+    """A request body's map, each key a string ``known`` names with a value of the kind it says (``None``: any),
+    else 400 with the entry as RabbitMQ's decode_queue / decode_exchange / decode_binding refuse it."""
     if value.kind == "null":
         return {}
     if value.kind != "map":
-        raise Refused("400", f"bad {what} body")
-    return {str(key.value): item for key, item in value.value if key.kind in ("string", "symbol")}
+        raise Refused("400", f"{refusal} {term(value)}")
+    fields = {}
+    for key, item in value.value:
+        if key.kind != "string" or key.value not in known or known[key.value] not in (None, item.kind):
+            raise Refused("400", f"{refusal} {{{term(key)},{term(item)}}}")
+        fields[key.value] = item
+    return fields
 
 
-def _flag(fields: dict[str, Value], name: str, default: bool, what: str) -> bool:
+def _flag(fields: dict[str, Value], name: str, default: bool) -> bool:
     value = fields.get(name)
-    if value is None:
-        return default
-    if value.kind != "bool":
-        raise Refused("400", f"bad {what} property {name}")
-    return bool(value.value)
+    return default if value is None else bool(value.value)
 
 
 def _arguments(fields: dict[str, Value]) -> dict[str, Any]:
+    """The ``arguments`` map, each key a string or symbol (else RabbitMQ's args_amqp_to_amqpl refuses it)."""
     value = fields.get("arguments")
     if value is None or value.kind == "null":
         return {}
-    arguments = plain(value)
-    if not isinstance(arguments, dict):
+    if value.kind != "map":
         raise Refused("400", "arguments is not a map")
+    for key, item in value.value:
+        if key.kind not in ("string", "symbol"):
+            raise Refused("400", f"unsupported argument {{{term(key)},{term(item)}}}")
+    arguments = plain(value)
+    assert isinstance(arguments, dict)
     return arguments
 
 
+_TAGS = {"string": "utf8"}
+
+
+def term(value: Value) -> str:
+    """A value as Erlang's ``~tp`` shows what amqp10_binary_parser decodes it to, which RabbitMQ's refusals quote
+    (on one line: ``~tp`` would wrap a term past 80 columns)."""
+    kind, item = value.kind, value.value
+    if kind in ("null", "bool"):
+        return "null" if item is None else str(bool(item)).lower()
+    if kind in ("string", "symbol", "binary", "uuid", "decimal"):
+        data = item.encode() if isinstance(item, str) else item.bytes if kind == "uuid" else bytes(item)
+        return f"{{{_TAGS.get(kind, kind)},{_binary(data)}}}"
+    if kind == "map":
+        return "{map,[" + ",".join(f"{{{term(k)},{term(v)}}}" for k, v in item) + "]}"
+    if kind == "list":
+        return "{list,[" + ",".join(term(v) for v in item) + "]}"
+    if kind == "array":
+        element = _TAGS.get(item[0].kind, item[0].kind) if item else "null"
+        return f"{{array,{element},[" + ",".join(term(v) for v in item) + "]}"
+    if kind == "described":
+        descriptor, content = item
+        tag = f"{{ulong,{descriptor}}}" if isinstance(descriptor, int) else f"{{symbol,{_binary(descriptor.encode())}}}"
+        return f"{{described,{tag},{term(content)}}}"
+    if kind in ("float", "double"):
+        mantissa, _, exponent = repr(float(item)).partition("e")
+        mantissa = mantissa if "." in mantissa or not mantissa[-1].isdigit() else mantissa + ".0"
+        return f"{{{kind},{mantissa}{'e' + str(int(exponent)) if exponent else ''}}}"
+    return f"{{{kind},{ord(item) if isinstance(item, str) else item}}}"
+
+
+_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x0B: "\\v", 0x08: "\\b",
+            0x0C: "\\f", 0x1B: "\\e"}
+
+
+def _binary(data: bytes) -> str:
+    """An Erlang binary as ``~tp`` prints it: text when it is printable UTF-8, else its bytes."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        text = None
+    if text is None or not all(ch.isprintable() or ord(ch) in _ESCAPES for ch in text):
+        return "<<" + ",".join(str(byte) for byte in data) + ">>"
+    quoted = "".join(_ESCAPES.get(ord(ch), ch) for ch in text)
+    return f'<<"{quoted}"' + ("/utf8>>" if not text.isascii() else ">>")
+
+
 async def _declare_queue(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
-    fields = _map(body, "queue")
+    fields = _fields(body, _QUEUE_FIELDS, "bad queue property")
     if name == "":
         raise Refused("400", "declare queue with empty name not allowed")
     vhost = connection.vhost
     assert vhost is not None
     if name.startswith("amq."):
         raise Refused("403", f"queue '{name}' in vhost '{vhost.name}' starts with reserved prefix 'amq.'")
-    durable = _flag(fields, "durable", True, "queue")
-    exclusive = _flag(fields, "exclusive", False, "queue")
-    auto_delete = _flag(fields, "auto_delete", False, "queue")
+    durable = _flag(fields, "durable", True)
+    exclusive = _flag(fields, "exclusive", False)
+    auto_delete = _flag(fields, "auto_delete", False)
     arguments = _arguments(fields)
     async with connection.broker.declaring(vhost, name, durable, exclusive, auto_delete, arguments,
                                            connection.principal):
@@ -227,22 +287,22 @@ async def _declare_queue(connection: SessionHost, name: str, body: Value) -> tup
 
 
 async def _declare_exchange(connection: SessionHost, name: str, body: Value) -> tuple[str, bytes]:
-    fields = _map(body, "exchange")
+    fields = _fields(body, _EXCHANGE_FIELDS, "bad exchange property")
     vhost = connection.vhost
     assert vhost is not None
     kind = fields.get("type")
-    type_name = str(kind.value) if kind is not None and kind.kind == "string" else "direct"
+    type_name = str(kind.value) if kind is not None else "direct"
     if name not in vhost.exchanges and name.startswith("amq."):
         raise Refused("403", f"exchange '{name}' in vhost '{vhost.name}' starts with reserved prefix 'amq.'")
-    durable, auto_delete = _flag(fields, "durable", True, "exchange"), _flag(fields, "auto_delete", False, "exchange")
-    internal, arguments = _flag(fields, "internal", False, "exchange"), _arguments(fields)
+    durable, auto_delete = _flag(fields, "durable", True), _flag(fields, "auto_delete", False)
+    internal, arguments = _flag(fields, "internal", False), _arguments(fields)
     await connection.broker.declare_exchange_agreed(vhost, name, type_name, durable, auto_delete, internal, arguments,
                                                     connection.principal)
     return "204", NULL
 
 
 def _bind(connection: SessionHost, body: Value) -> None:
-    fields = _map(body, "binding")
+    fields = _fields(body, _BINDING_FIELDS, "bad binding field")
     source = fields.get("source")
     key = fields.get("binding_key")
     queue, exchange = fields.get("destination_queue"), fields.get("destination_exchange")

@@ -107,3 +107,31 @@ def test_errors_of_purge_delete_and_bindings_are_400_and_a_declarations_precondi
                 "'longstr' but current is none"),
         ("404", "queue 'missing' in vhost '/' not found"),
     ]
+
+
+def test_a_body_with_a_field_rabbitmq_does_not_know_is_refused_400_quoting_it(node):
+    """rabbit_amqp_management's decode_queue / decode_exchange / decode_binding refuse an unknown key or a value of
+    the wrong type with 400 and the entry as Erlang prints it, and args_amqp_to_amqpl an argument whose key is no
+    string (they were taken, the unknown key ignored); nothing is declared or bound."""
+    binding = {"source": "amq.direct", "destination_queue": "q", "binding_key": "k", "arguments": {}}
+    handler = _ask(node, [
+        ("/queues/q", "PUT", {"durable": True, "foo": True}),
+        ("/queues/q", "PUT", {"durable": 1}),
+        ("/queues/q", "PUT", {"arguments": {7: "seven"}}),
+        ("/exchanges/e", "PUT", {"type": "fanout", "bar": [1.5, "é\n", b"\x00\x01"]}),
+        ("/queues/q", "PUT", {}),
+        ("/bindings", "POST", {**binding, "extra": None}),
+        ("/bindings?src=amq.direct&dstq=q&key=k", "GET", None),
+    ])
+    assert handler.ended is None
+    assert [status for status, _ in handler.answers] == ["400"] * 4 + ["201", "400", "200"]
+    assert [answer for answer in handler.answers if answer[0] != "201"] == [
+        ("400", 'bad queue property {{utf8,<<"foo">>},true}'),
+        ("400", 'bad queue property {{utf8,<<"durable">>},{long,1}}'),
+        ("400", 'unsupported argument {{long,7},{utf8,<<"seven">>}}'),
+        ("400", 'bad exchange property {{utf8,<<"bar">>},{list,[{double,1.5},{utf8,<<"é\\n"/utf8>>},'
+                '{binary,<<0,1>>}]}}'),
+        ("400", 'bad binding field {{utf8,<<"extra">>},null}'),
+        ("200", []),
+    ]
+    assert node.call(lambda: "e" not in node.node.broker.vhosts["/"].exchanges)
