@@ -85,6 +85,14 @@ class ConnectionError(AMQPError):  # noqa: A001 - the AMQP name
     hard = True
 
 
+class QueueLimitReached(ChannelError):
+    """A vhost's ``max-queues`` refused a new queue: 406 in AMQP 0-9-1; AMQP 1.0 tells it apart, as RabbitMQ 4.x's
+    queue_limit_exceeded error is amqp:resource-limit-exceeded on an attach and 403 from /management."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(PRECONDITION_FAILED, detail)
+
+
 def not_found(detail: str) -> ChannelError:
     return ChannelError(NOT_FOUND, detail)
 

@@ -59,6 +59,8 @@ _TRANSFER_OVERHEAD = 64  # frame header and transfer performative, at most (a 4-
 
 
 def _error_of(exc: AMQPError) -> tuple[str, str]:
+    if isinstance(exc, errors.QueueLimitReached):
+        return frames.RESOURCE_LIMIT_EXCEEDED, exc.detail
     return frames.condition_of(exc.code), exc.detail
 
 

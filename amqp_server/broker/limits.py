@@ -70,8 +70,8 @@ class Limits:
         """A queue not yet there is declared (by a client): refused (406) once the vhost has ``max-queues``."""
         exceeded = self.would_exceed_queue_limit(vhost, 1, queues)
         if exceeded is not None:
-            raise errors.precondition_failed(f"cannot declare queue '{name}': queue limit in vhost '{vhost}' "
-                                             f"({exceeded[0]}) is reached")
+            raise errors.QueueLimitReached(f"cannot declare queue '{name}': queue limit in vhost '{vhost}' "
+                                           f"({exceeded[0]}) is reached")
 
     def would_exceed_queue_limit(self, vhost: str, adding: int, queues: int) -> tuple[int, int] | None:
         """Whether ``adding`` queues to the vhost's ``queues`` would pass its ``max-queues``: its limit and the

@@ -32,7 +32,7 @@ class _Paired(LinkOption):
             link.source.address = "/management"
 
 
-class _Requests(MessagingHandler):  # type: ignore[misc]
+class _Requests(MessagingHandler):
     """Sends each request once the link pair is up; keeps each response, or the condition the session ended with."""
 
     def __init__(self, url: str, requests: list[tuple[str, str, Any]]) -> None:
@@ -135,3 +135,10 @@ def test_a_body_with_a_field_rabbitmq_does_not_know_is_refused_400_quoting_it(no
         ("200", []),
     ]
     assert node.call(lambda: "e" not in node.node.broker.vhosts["/"].exchanges)
+
+
+def test_the_vhosts_queue_limit_is_403(node):
+    """rabbit_amqp_management answers the queue type's queue_limit_exceeded with 403 (it was 409)."""
+    node.call(lambda: node.node.broker.access.set_limits("vhost_limits", "/", {"max-queues": 0}))
+    handler = _ask(node, [("/queues/over", "PUT", {})])
+    assert handler.answers == [("403", "cannot declare queue 'over': queue limit in vhost '/' (0) is reached")]

@@ -123,3 +123,24 @@ def test_declaring_needs_the_users_configure_permission(node):  # noqa: F811
         assert not [name for name in queues(node) if name.startswith("amq.gen-")]
     finally:
         connection.close()
+
+
+def test_the_vhosts_queue_limit_refuses_a_declaring_address_with_resource_limit_exceeded(node):  # noqa: F811
+    """rabbit_amqp_session ``declare_queue`` turns the queue type's queue_limit_exceeded into
+    amqp:resource-limit-exceeded (it was amqp:precondition-failed, 0-9-1's 406), in the same words."""
+    assert node.node is not None
+    broker = node.node.broker
+    node.call(lambda: broker.access.set_limits("vhost_limits", "/", {"max-queues": 0}))
+    connection = connect(node)
+    try:
+        with pytest.raises(LinkDetached) as refused:
+            connection.create_receiver("/queue/over")
+        assert "amqp:resource-limit-exceeded" in str(refused.value)
+        assert "cannot declare queue 'over': queue limit in vhost '/' (0) is reached" in str(refused.value)
+    finally:
+        connection.close()
+    assert "over" not in queues(node)
+    channel = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port)).channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:  # 0-9-1 still gets its 406
+        channel.queue_declare("over")
+    assert closed.value.reply_code == 406
