@@ -93,6 +93,14 @@ class QueueLimitReached(ChannelError):
         super().__init__(PRECONDITION_FAILED, detail)
 
 
+class QueuePropertyRefused(ChannelError):
+    """A queue type refused a property (a quorum queue or stream exclusive, auto-deleted or not durable): 406 in
+    AMQP 0-9-1; RabbitMQ 4.x's queue types return it as a protocol_error, which /management answers 400."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(PRECONDITION_FAILED, detail)
+
+
 def not_found(detail: str) -> ChannelError:
     return ChannelError(NOT_FOUND, detail)
 

@@ -44,12 +44,13 @@ class Refused(Exception):
 
 
 def _status_of(exc: AMQPError, method: str | None, path: str) -> str:
-    """rabbit_amqp_management's status for a broker operation's error: a declaration's precondition-failed is 409,
-    a queue unknown to GET 404, the vhost's queue limit 403, any other error 400 (purge, delete and bindings catch
-    every ``amqp_error``)."""
+    """rabbit_amqp_management's status for a broker operation's error: a declaration's precondition-failed is 409
+    (but 400 for a property its queue type refuses, returned rather than raised there), a queue unknown to GET
+    404, the vhost's queue limit 403, any other error 400 (purge, delete and bindings catch every
+    ``amqp_error``)."""
     if isinstance(exc, errors.QueueLimitReached):
         return "403"
-    if method == "PUT" and exc.code == errors.PRECONDITION_FAILED:
+    if method == "PUT" and exc.code == errors.PRECONDITION_FAILED and not isinstance(exc, errors.QueuePropertyRefused):
         return "409"
     if method == "GET" and exc.code == errors.NOT_FOUND and path.startswith("/queues/"):
         return "404"

@@ -135,7 +135,7 @@ class QueueType:
         for refused, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"),
                               (not durable, "non-durable")):
             if refused:
-                raise errors.precondition_failed(f"invalid property '{name}' {queue_args.where(queue, vhost)}")
+                raise errors.QueuePropertyRefused(f"invalid property '{name}' {queue_args.where(queue, vhost)}")
 
     def check_consumer(self, queue: str, vhost: str, no_ack: bool, prefetch: int, global_prefetch: int,
                        arguments: dict[str, Any]) -> int:

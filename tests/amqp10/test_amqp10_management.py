@@ -142,3 +142,14 @@ def test_the_vhosts_queue_limit_is_403(node):
     node.call(lambda: node.node.broker.access.set_limits("vhost_limits", "/", {"max-queues": 0}))
     handler = _ask(node, [("/queues/over", "PUT", {})])
     assert handler.answers == [("403", "cannot declare queue 'over': queue limit in vhost '/' (0) is reached")]
+
+
+def test_a_property_the_queue_type_refuses_is_400(node):
+    """A quorum queue or stream exclusive, auto-deleted or not durable: RabbitMQ 4.x's queue type returns
+    {protocol_error, ...} (rabbit_queue_type_util's checks), which PUT /queues answers 400 (it was 409)."""
+    handler = _ask(node, [
+        ("/queues/qq", "PUT", {"exclusive": True, "arguments": {"x-queue-type": "quorum"}}),
+        ("/queues/s", "PUT", {"durable": False, "arguments": {"x-queue-type": "stream"}}),
+    ])
+    assert handler.answers == [("400", "invalid property 'exclusive-owner' for queue 'qq' in vhost '/'"),
+                               ("400", "invalid property 'non-durable' for queue 's' in vhost '/'")]
