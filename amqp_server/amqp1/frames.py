@@ -39,6 +39,7 @@ NOT_FOUND = "amqp:not-found"
 NOT_IMPLEMENTED = "amqp:not-implemented"
 PRECONDITION_FAILED = "amqp:precondition-failed"
 RESOURCE_LIMIT_EXCEEDED = "amqp:resource-limit-exceeded"
+RESOURCE_LOCKED = "amqp:resource-locked"
 UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 UNATTACHED_HANDLE = "amqp:session:unattached-handle"
 HANDLE_IN_USE = "amqp:session:handle-in-use"
@@ -162,7 +163,7 @@ def disposition(first: int, last: int, state: bytes) -> bytes:
                         boolean(True), state)
 
 
-_CONDITIONS = {404: NOT_FOUND, 403: UNAUTHORIZED_ACCESS, 406: PRECONDITION_FAILED, 405: "amqp:resource-locked",
+_CONDITIONS = {404: NOT_FOUND, 403: UNAUTHORIZED_ACCESS, 406: PRECONDITION_FAILED, 405: RESOURCE_LOCKED,
                540: NOT_IMPLEMENTED, 530: NOT_ALLOWED, 506: RESOURCE_LIMIT_EXCEEDED}
 
 

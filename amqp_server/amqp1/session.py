@@ -1037,7 +1037,13 @@ class Outgoing(LinkEndpoint):
         if wanted.applied is not None:
             self.filter_set = amqp10.encode_map([(amqp10.encode(key), amqp10.encode(entry))
                                                  for key, entry in wanted.applied])
-        queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        try:
+            queue = self.queue = self.broker.consumable(vhost, name, connection, connection.principal)
+        except AMQPError as exc:  # (RabbitMQ 4.x's handle_attach words it without 0-9-1's explanation)
+            if exc.code != errors.RESOURCE_LOCKED:
+                raise
+            raise Amqp10Error(frames.RESOURCE_LOCKED, "cannot obtain exclusive access to locked "
+                              f"{errors.resource_name('queue', name, vhost.name)}") from None
         local, log = queue.local(), LOG in queue.type.capabilities
         tag = f"ctag-{self.session.channel}-{self.handle}"
         # a stream consumer needs a prefetch (the queue counts it); credit bounds deliveries here, not prefetch;

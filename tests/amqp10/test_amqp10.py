@@ -404,6 +404,22 @@ def test_unknown_queue_is_refused_as_rabbitmq_refuses_it(node):
         connection.close()
 
 
+def test_another_connections_exclusive_queue_is_refused_in_rabbitmq_4s_amqp10_words(node):
+    """rabbit_amqp_session ``handle_attach`` refuses a receiver on another connection's exclusive queue with
+    amqp:resource-locked and its own text, without 0-9-1's explanation (which it had)."""
+    owner = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", node.port))
+    owner.channel().queue_declare("mine", exclusive=True)
+    connection = connect(node)
+    try:
+        with pytest.raises(proton.utils.LinkDetached) as refused:
+            connection.create_receiver("/queues/mine")
+        assert "Condition('amqp:resource-locked', \"cannot obtain exclusive access to locked queue 'mine' in " \
+               "vhost '/'\")" in str(refused.value)
+    finally:
+        connection.close()
+        owner.close()
+
+
 def test_open_says_rabbitmq_4_and_warren(node):
     connection = connect(node)
     try:
