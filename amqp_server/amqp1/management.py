@@ -143,7 +143,14 @@ async def _request(connection: SessionHost, method: str, path: str, body: Value)
             await broker.agreed()
             return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["queues"] and len(segments) == 3 and segments[2] == "messages" and method == "DELETE":
-        count = await broker.purge_anywhere(vhost, _name(segments[1]), connection, who)
+        name = _name(segments[1])
+        try:
+            count = await broker.purge_anywhere(vhost, name, connection, who)
+        except AMQPError as exc:  # a stream: RabbitMQ's rabbit_queue_type:purge answers {error, not_supported}
+            if exc.code != errors.NOT_IMPLEMENTED:
+                raise
+            raise Refused("400", f"purge not supported by {errors.resource_name('queue', name, vhost.name)}") \
+                from None
         return "200", encode_map([(utf8("message_count"), amqp10.ulong(count))])
     if segments[:1] == ["exchanges"] and len(segments) == 2:
         name = _name(segments[1])

@@ -153,3 +153,11 @@ def test_a_property_the_queue_type_refuses_is_400(node):
     ])
     assert handler.answers == [("400", "invalid property 'exclusive-owner' for queue 'qq' in vhost '/'"),
                                ("400", "invalid property 'non-durable' for queue 's' in vhost '/'")]
+
+
+def test_purging_a_stream_is_400_in_rabbit_amqp_managements_words(node):
+    """rabbit_queue_type:purge of a stream answers {error, not_supported}: 400 'purge not supported by ~ts' (it was
+    0-9-1's queue.purge text)."""
+    handler = _ask(node, [("/queues/s", "PUT", {"arguments": {"x-queue-type": "stream"}}),
+                          ("/queues/s/messages", "DELETE", None)])
+    assert handler.answers[1] == ("400", "purge not supported by queue 's' in vhost '/'")
