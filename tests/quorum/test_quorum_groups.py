@@ -1993,14 +1993,20 @@ async def test_settles_sent_to_a_dying_leader_are_sent_again_to_the_next(network
 
 async def test_a_consumer_whose_node_missed_the_change_of_leader_is_moved_by_the_deposed_leader(network):
     """n3's watch stalls (no event, no error) while n1 is deposed and n2 leads: n3 still sees n1 as the leader.
-    n1, deposed, tells n3 that its consumer is no longer there; n3 asks etcd who leads and consumes there."""
+    n1, deposed, tells n3 that its consumer is no longer there; n3 asks etcd who leads and consumes there.  (What
+    n1 and n2 send n3 waits until n3 is seen not to know: on a loaded machine n1's word could otherwise reach n3
+    before the check.)"""
     node, client, sent = await consumer_holding(network, "n3")
     network.nodes["n3"].client.deaf = True
     node.client.unreachable = True
+    network.hold("n1", "n3")
+    network.hold("n2", "n3")
     await wait_for(lambda: quorum.LEADERS + KEY.encode() not in network.etcd.kvs, "n1's lease lapsed")
     node.client.unreachable = False
     await wait_for(lambda: leader(network) is not None and the_leader(network).name != "n1", "another leader")
     assert network.nodes["n3"].quorum.groups[KEY].leader == "n1"  # (n3 heard nothing)
+    network.release("n1", "n3")
+    network.release("n2", "n3")
     await drained(network, client, sent)
 
 
