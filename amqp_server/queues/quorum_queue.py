@@ -3,7 +3,8 @@
 What a client sees differs from a classic queue:
 
 - a message that comes back (nack, reject or a consumer gone) goes to the back of the queue, with a new
-  offset, as RabbitMQ 3.10's quorum queues put it (a classic queue puts it back in its place);
+  offset (a classic queue puts it back in its place); RabbitMQ 3.10 does so for a nack without a delivery
+  limit, and serves it first with one and for a consumer gone (docs/compatibility.md);
 - a delivery carries an ``x-delivery-count`` header: how many times the message came back (nack or
   reject with requeue, a consumer or channel gone with it unacked, a restart while a consumer held it,
   or a new leader that no consumer took it back from, ``adopt``); RabbitMQ 3.10 sets it on every
