@@ -5,7 +5,7 @@ with ``partial tx completion`` if one refused."""
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pika
 import pytest
@@ -13,10 +13,18 @@ from pika.exceptions import ChannelClosedByBroker
 from pika.spec import Basic
 
 from conftest import CLUSTER, BrokerProcess, starts
-from support import delivery_tag
+from support import delivery_tag, numbered, publish_to
 from test_cluster import Etcd, connect, passive, three_nodes, wait_for
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def pump(done: Callable[[], bool], *connections: pika.BlockingConnection, seconds: float = 10) -> None:
+    """Let the connections take their deliveries until ``done()`` or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        for connection in connections:
+            connection.process_data_events(time_limit=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +107,7 @@ def test_a_shared_prefetch_bounds_what_another_node_s_queues_send_its_consumers(
         for i in range(100):
             for queue in queues:
                 pch.basic_publish("", queue, f"m{i}".encode())
-    deadline = time.monotonic() + 10
-    while len(competing) + len(held) < 200 and time.monotonic() < deadline:
-        local.process_data_events(time_limit=0.05)
-        remote.process_data_events(time_limit=0.05)
+    pump(lambda: len(competing) + len(held) >= 200, local, remote, seconds=10)
     remote.process_data_events(time_limit=0.3)
     assert (len(held), len(competing)) == (5, 195)
     local.close()  # node 1's consumers go: what they held is ready again, for node 2's only
@@ -136,20 +141,12 @@ def test_a_queue_of_another_node_with_nothing_for_the_channel_holds_none_of_its_
     rch.basic_consume(idle, lambda c, m, p, b: got.append(b))
     rch.basic_consume(busy, lambda c, m, p, b: got.append(b))
     remote.process_data_events(time_limit=0.5)
-    with connect(n1) as publisher:
-        pch = publisher.channel()
-        pch.confirm_delivery()
-        for i in range(20):
-            pch.basic_publish("", busy, f"m{i}".encode())
-    deadline = time.monotonic() + 5
-    while len(got) < 4 and time.monotonic() < deadline:
-        remote.process_data_events(time_limit=0.05)
+    publish_to(n1, busy, numbered(20))
+    pump(lambda: len(got) >= 4, remote, seconds=5)
     remote.process_data_events(time_limit=0.3)
     assert len(got) == 4
     rch.basic_qos(prefetch_count=0, global_qos=True)
-    deadline = time.monotonic() + 5
-    while len(got) < 20 and time.monotonic() < deadline:
-        remote.process_data_events(time_limit=0.05)
+    pump(lambda: len(got) >= 20, remote, seconds=5)
     assert len(got) == 20
     remote.close()
 
@@ -202,15 +199,8 @@ def test_a_shared_prefetch_set_after_consuming_bounds_another_node_s_queue_too(n
     rch.basic_consume(uid, lambda c, m, p, b: held.append(delivery_tag(m)))
     rch.basic_qos(prefetch_count=5, global_qos=True)
     remote.process_data_events(time_limit=0.5)
-    with connect(n1) as publisher:
-        pch = publisher.channel()
-        pch.confirm_delivery()
-        for i in range(100):
-            pch.basic_publish("", uid, f"m{i}".encode())
-    deadline = time.monotonic() + 10
-    while len(competing) + len(held) < 100 and time.monotonic() < deadline:
-        local.process_data_events(time_limit=0.05)
-        remote.process_data_events(time_limit=0.05)
+    publish_to(n1, uid, numbered(100))
+    pump(lambda: len(competing) + len(held) >= 100, local, remote, seconds=10)
     remote.process_data_events(time_limit=0.3)
     assert (len(held), len(competing)) == (5, 95)
     local.close()
@@ -239,33 +229,18 @@ def test_a_no_ack_consumer_waits_while_its_channel_is_at_its_shared_prefetch(nod
     rch.basic_consume(own, lambda c, m, p, b: held.append(delivery_tag(m)))
     for i in range(2):
         rch.basic_publish("", own, f"own{i}".encode())
-    deadline = time.monotonic() + 5
-    while len(held) < 2 and time.monotonic() < deadline:
-        remote.process_data_events(time_limit=0.05)
+    pump(lambda: len(held) >= 2, remote, seconds=5)
     assert len(held) == 2
     no_ack: list[bytes] = []
     rch.basic_consume(queue, lambda c, m, p, b: no_ack.append(b), auto_ack=True)
     remote.process_data_events(time_limit=0.5)
-    with connect(n1) as publisher:
-        pch = publisher.channel()
-        pch.confirm_delivery()
-        for i in range(20):
-            pch.basic_publish("", queue, f"m{i}".encode())
-    deadline = time.monotonic() + 10
-    while len(competing) + len(no_ack) < 20 and time.monotonic() < deadline:
-        local.process_data_events(time_limit=0.05)
-        remote.process_data_events(time_limit=0.05)
+    publish_to(n1, queue, numbered(20))
+    pump(lambda: len(competing) + len(no_ack) >= 20, local, remote, seconds=10)
     remote.process_data_events(time_limit=0.3)
     assert (len(no_ack), len(competing)) == (0, 20)
     local.close()
     rch.basic_ack(held[-1], multiple=True)
-    with connect(n1) as publisher:
-        pch = publisher.channel()
-        pch.confirm_delivery()
-        for i in range(30):
-            pch.basic_publish("", queue, f"after{i}".encode())
-    deadline = time.monotonic() + 10
-    while len(no_ack) < 30 and time.monotonic() < deadline:
-        remote.process_data_events(time_limit=0.05)
+    publish_to(n1, queue, numbered(30, "after"))
+    pump(lambda: len(no_ack) >= 30, remote, seconds=10)
     assert no_ack == [f"after{i}".encode() for i in range(30)]
     remote.close()
