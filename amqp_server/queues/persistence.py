@@ -92,13 +92,16 @@ class Persistence:
                  compaction_threshold: float = 0.5) -> None:
         self.store = MessageStore(os.path.join(data_dir, "msg_store_persistent"), segment_size, cache_bytes,
                                   compaction_threshold, compaction_quiet=COMPACTION_QUIET, sidecars=True)
-        self.index = QueueIndex(os.path.join(data_dir, "queue_index"), before_commit=self.store.flush)
+        self.index = QueueIndex(os.path.join(data_dir, "queue_index"), before_commit=self._before_commit)
         self.batch = 1  # the commit that will cover what is staged now
         self.synced = 0  # the last commit known durable
         self._scheduled = False
         self._syncing = False
         self._dirty = False
         self.waiters: set[SyncWaiter] = set()
+        # what stages, a loop turn late, changes that go with rows staged now (a quorum leader's position): done
+        # before any commit of the index, which must never hold the rows without them (``_before_commit``)
+        self.due: set[Callable[[], None]] = set()
         self.journals: list[Journal] = []
         self.claims: list[Callable[[MessageStore], None]] = []  # what takes back its store references at recovery
         self.recovered: list[Callable[[], None]] = []  # what waits for the store's recovery (a stream's old entries)
@@ -222,6 +225,16 @@ class Persistence:
         if not self._scheduled and not self._syncing:
             self._scheduled = True
             self.loop.call_soon(self._commit)
+
+    def _before_commit(self) -> None:
+        """Before any commit of the index, whoever makes it: what is ``due`` is staged, and the store hands its
+        buffered records to the operating system — an entry must never be on disk without its message, nor a
+        quorum leader's rows without the position that covers them (killed between two commits, its copy came
+        back with entries of ops past its position, which no other copy had; adopted at that position by the
+        next leader, it kept them in place of that leader's own)."""
+        while self.due:
+            self.due.pop()()
+        self.store.flush()
 
     def _commit(self) -> None:
         self._scheduled = False

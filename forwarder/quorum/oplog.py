@@ -457,9 +457,11 @@ class OpLogShipper:
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
+            self.groups.broker.persistence.due.add(self.flush)  # (or sooner: the rows of these ops are staged)
 
     def flush(self) -> None:
         self._scheduled = False
+        self.groups.broker.persistence.due.discard(self.flush)
         if not self.ops:
             return
         ops, first = self.ops, self.first

@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import random
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -835,6 +836,46 @@ async def test_a_copy_that_lost_messages_at_its_restart_never_leads_and_takes_a_
     await wait_for(lambda: leader(network) is not None, "a new leader")
     assert the_leader(network).name == "n3"
     assert await copies_agree(network) == bodies(100)
+
+
+async def test_a_leader_killed_after_a_group_commit_took_rows_of_ops_it_had_not_shipped_is_adopted_whole(
+        network, monkeypatch, tmp_path):
+    """n1's rows of its last publishes went into a group commit before its shipper staged the position that
+    covers them (the commit was due first in the loop turn), and n1 died before the next: its copy came back
+    with entries past its position, of ops no one else had.  Adopted at that position by the next leader, it
+    skipped that leader's own enqueues of the same seqs (a replay, its state said) and kept its own, unconfirmed
+    ones: once it led again, the queue had lost what the others had confirmed there (nemesis seed 333)."""
+    n1 = await declared(network)
+    publish(n1, bodies(100))
+    await copies_agree(network)
+    persistence = n1.broker.persistence
+    await wait_for(lambda: not persistence._syncing and not persistence.staged, "n1's disk idle")
+    network.hold("n1", "n2")
+    network.hold("n1", "n3")
+    commit = persistence._commit
+    disk = tmp_path / "n1-killed"
+
+    def commit_then_die() -> None:  # the disk as a kill -9 right after this commit leaves it
+        commit()
+        if not disk.exists():
+            shutil.copytree(n1.data_dir, disk)
+
+    monkeypatch.setattr(persistence, "_commit", commit_then_die)
+    persistence.stage()  # a commit due before the shipper's turn, as under load
+    publish(n1, bodies(10, "unshipped"))
+    await wait_for(disk.exists, "the commit")
+    await network.kill("n1")  # (what it held for n2 and n3 is lost with it)
+    network.release("n1", "n2")
+    network.release("n1", "n3")
+    shutil.rmtree(n1.data_dir)
+    shutil.copytree(disk, n1.data_dir)
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    publish(the_leader(network), bodies(5, "after"))
+    assert await copies_agree(network) == [*bodies(100), *bodies(5, "after")]
+    await network.start_node("n1")
+    await wait_for(lambda: network.nodes["n1"].quorum.groups[KEY].leader == the_leader(network).name,
+                   "n1 follows")
+    assert await copies_agree(network) == [*bodies(100), *bodies(5, "after")]
 
 
 async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(network, caplog):
