@@ -325,19 +325,25 @@ class QueueIndex:
         with self._env.begin() as txn:
             return txn.get(key)
 
-    def set_position(self, queue_id: int, term: int, index: int) -> None:
-        """A replica's position in its group's log, committed with the entries staged with it.  Staged as an
+    def set_position(self, queue_id: int, term: int, index: int, settings: int = 0) -> None:
+        """A replica's position in its group's log, committed with the entries staged with it, and ``settings``
+        (a u32 its owner reads back with it: what its state applies ops by at that position).  Staged as an
         update, written over in place and counted in no totals, as the enqueuers are: a put of a key on disk
         would make the commit count each of its entries' totals one by one (a replica stages its position
         with every batch)."""
         key = KEY.pack(POSITIONS, queue_id)
         self._deletes.pop(key, None)
-        self._updates[key] = VALUE.pack(term, index, 0, 0)
+        self._updates[key] = VALUE.pack(term, index, settings, 0)
 
     def position(self, queue_id: int) -> tuple[int, int]:
         """(term, index) last committed for a replica; (0, 0) for none."""
         entry = self.get(POSITIONS, queue_id)
         return (entry.msg_id, entry.expiry) if entry is not None else (0, 0)
+
+    def position_settings(self, queue_id: int) -> int:
+        """The settings last committed with a replica's position (0 for none)."""
+        entry = self.get(POSITIONS, queue_id)
+        return entry.size if entry is not None else 0
 
     def forget_position(self, queue_id: int) -> None:
         """A replica's position, and its enqueuers, go (its copy is dropped)."""

@@ -128,12 +128,14 @@ class ReplicaStore:
         self.index.mark_returned(index_id, seq, returns)
         self.persistence.stage()
 
-    def position(self, index_id: int, term: int, index: int, enqueuers: dict[int, int]) -> None:
-        """A copy's position in its group's log, and its state's enqueuers, committed with the rows staged
-        before them: a copy restarted from its rows knows which publishes of each window it took (a window
-        sends again what no leader confirmed)."""
-        self.index.set_position(index_id, term, index)
-        self.index.set_enqueuers(index_id, enqueuers)
+    def position(self, index_id: int, term: int, index: int, state: State) -> None:
+        """A copy's position in its group's log, and what of its state its rows do not hold, committed with the
+        rows staged before them: its enqueuers (a copy restarted from its rows knows which publishes of each
+        window it took: a window sends again what no leader confirmed), and the delivery limit and dead-letter
+        strategy its ops apply by (a follower back without them moved a return past the limit to the back, under
+        the seq the leader's next enqueue took, and skipped that enqueue as one it had)."""
+        self.index.set_position(index_id, term, index, _settings(state))
+        self.index.set_enqueuers(index_id, state.enqueuers)
         self.persistence.stage()
 
     # -- a leader's queue ---------------------------------------------------------------------------------
@@ -184,4 +186,17 @@ class ReplicaStore:
                 state.counts[seq] = self.index.returns(index_id, seq)
             state.next_seq = int(seqs[-1]) + 1
         state.enqueuers = self.index.enqueuers(index_id)
+        settings = self.index.position_settings(index_id)
+        state.delivery_limit = (settings >> 1) - 1 if settings >> 1 else None
+        state.at_least_once = bool(settings & 1)
         return state
+
+
+SETTINGS_LIMIT_MAX = (1 << 31) - 2  # a delivery limit above it is kept as it (no count ever gets that far)
+
+
+def _settings(state: State) -> int:
+    """A state's delivery limit and dead-letter strategy as the u32 kept with its position: the limit plus one
+    (0: none) above the at-least-once bit."""
+    limit = 0 if state.delivery_limit is None else min(state.delivery_limit, SETTINGS_LIMIT_MAX) + 1
+    return limit << 1 | state.at_least_once

@@ -380,7 +380,7 @@ class QuorumGroups:
         if group.whole:
             self._vouch(group)
         group.applied_term = 0  # of no term: not whole, until a snapshot replaces it
-        self.broker.replicas.position(group.index_id, *group.position, group.state.enqueuers)
+        self.broker.replicas.position(group.index_id, *group.position, group.state)
 
     def _drop_copy(self, group: Group) -> None:
         if not group.index_id:
@@ -1158,7 +1158,7 @@ class QuorumGroups:
         group.applied = first + count - 1
         group.applied_term = ops_term
         group.history.extend(ops_term, first, payload, bounds)
-        self.broker.replicas.position(index_id, *group.position, group.state.enqueuers)
+        self.broker.replicas.position(index_id, *group.position, group.state)
         if replaced:  # (only now: a commit with its rows gone but its position kept would make it the copy)
             self.broker.persistence.index.forget_position(replaced)
             self.broker.replicas.clear(replaced)

@@ -472,7 +472,7 @@ class OpLogShipper:
         self.first = self.index + 1
         group = self.group  # the leader's own copy is where it stands too, should it run an election later
         group.applied_term, group.applied = self.term, self.index
-        self.groups.broker.replicas.position(group.index_id, self.term, self.index, self.queue.state.enqueuers)
+        self.groups.broker.replicas.position(group.index_id, self.term, self.index, self.queue.state)
         self._written_at(self.index)
         for follower in self.followers.values():
             if follower.joined:

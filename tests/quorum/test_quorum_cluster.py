@@ -680,7 +680,7 @@ async def test_a_snapshot_comes_in_beside_the_copy_and_a_crash_anywhere_leaves_o
     try:
         old = group.index_id
         broker.replicas.put(old, 1, record(b"old"), 0)
-        broker.replicas.position(old, 3, 10, {})
+        broker.replicas.position(old, 3, 10, State())
         group.applied_term, group.applied = 3, 10
         group.state = broker.replicas.copy_state(old)
         broker.persistence.commit_now()
@@ -753,7 +753,7 @@ async def test_a_diff_snapshot_keeps_the_copys_rows_beside_it_and_a_crash_anywhe
         old = group.index_id
         for seq, (held, _, body) in old_rows.items():  # 1 and 2 made before the leader's term, 5 its own tail
             broker.replicas.put(old, seq, record(body), 0, held=held)
-        broker.replicas.position(old, 3, 10, {})
+        broker.replicas.position(old, 3, 10, State())
         group.applied_term, group.applied = 3, 10
         group.state = broker.replicas.copy_state(old)
         broker.persistence.commit_now()
