@@ -888,6 +888,50 @@ async def test_a_leader_killed_after_a_group_commit_took_rows_of_ops_it_had_not_
     assert await copies_agree(network) == [*bodies(100), *bodies(5, "after")]
 
 
+@pytest.mark.parametrize("seed", range(8))
+async def test_a_node_killed_right_after_any_group_commit_comes_back_with_a_copy_that_is_the_leaders_again(
+        network, monkeypatch, tmp_path, seed):
+    """Under random client work, a node (the leader, or a follower) is killed right after one of its group
+    commits, drawn at random: nothing it sends after that commit leaves, and it restarts from its disk as that
+    commit left it.  Whatever it held then, its copy is the leader's again once caught up — a copy whose rows and
+    position disagree is adopted or continued wrongly, and the copies differ."""
+    rng = random.Random(seed)
+    n1 = await declared(network, **{"x-delivery-limit": 3})
+    await client_work(n1, rng, 40, b"before")
+    await copies_agree(network)
+    victim = network.nodes["n1" if seed % 4 else rng.choice(["n2", "n3"])]
+    persistence = victim.broker.persistence
+    commit = persistence._commit
+    disk = tmp_path / "killed"
+    due = rng.randint(1, 12)
+
+    def commit_then_maybe_die() -> None:
+        nonlocal due
+        commit()
+        due -= 1
+        if due == 0:  # the disk as a kill -9 now leaves it; what the node sends from now on is lost with it
+            shutil.copytree(victim.data_dir, disk)
+            for other in NAMES:
+                if other != victim.name:
+                    network.hold(victim.name, other)
+
+    monkeypatch.setattr(persistence, "_commit", commit_then_maybe_die)
+    await client_work(n1, rng, 150)
+    await wait_for(disk.exists, "the drawn commit")
+    await network.kill(victim.name)
+    for other in NAMES:
+        network.release(victim.name, other)
+    shutil.rmtree(victim.data_dir)
+    shutil.copytree(disk, victim.data_dir)
+    await wait_for(lambda: leader(network) is not None, "a leader")
+    await client_work(the_leader(network), rng, 40, b"between")
+    await network.start_node(victim.name)
+    await wait_for(lambda: network.nodes[victim.name].quorum.groups[KEY].leader == the_leader(network).name,
+                   f"{victim.name} follows")
+    await client_work(the_leader(network), rng, 40, b"after")
+    await copies_agree(network, restarted=victim.name)
+
+
 async def test_a_follower_restarted_from_its_rows_keeps_the_delivery_limit_its_copy_applies_ops_by(network):
     """n2 restarts, its copy read back from its rows, then n1 returns a message past the queue's delivery limit
     (dead-lettered: no new seq) and takes more publishes.  Had n2 come back without the limit its state holds
