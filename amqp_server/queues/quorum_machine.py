@@ -657,11 +657,8 @@ def _purge(op: Purge, state: State) -> Effects:
 
 
 def _recover(op: Recover, state: State) -> Effects:
-    counts, ready, checked_out, dead = state.counts, state.ready, state.checked_out, state.dead
-    if op.seqs is None:
-        out, waiting = set(checked_out), set(dead)
-    else:
-        out, waiting = checked_out.keys() & set(op.seqs), dead.keys() & set(op.seqs)
+    counts, ready, checked_out = state.counts, state.ready, state.checked_out
+    out = set(checked_out) if op.seqs is None else checked_out.keys() & set(op.seqs)
     over = past_limit_on_return(state, out)  # (its count stays: it does not go back, as at a Return)
     for seq in over:
         del checked_out[seq]
@@ -670,7 +667,7 @@ def _recover(op: Recover, state: State) -> Effects:
         counts[seq] = counts.get(seq, 0) + 1
     rows = []
     sizes, expiries = state.sizes, state.expiries
-    for seq in sorted(out | waiting):
+    for seq in sorted(out):
         ready.add_run(seq, seq + 1)
         rows.append((seq, counts.get(seq, 0)))
         state.bytes += sizes.get(seq, 0)
@@ -679,8 +676,6 @@ def _recover(op: Recover, state: State) -> Effects:
             _add_deadline(state, seq, expiry)
     for seq in out:
         del checked_out[seq]
-    for seq in waiting:
-        del dead[seq]
     effects: Effects = (Unhold(rows),) if rows else ()
     return effects + _dead_letter(state, sorted(over), "delivery_limit", False) if over else effects
 

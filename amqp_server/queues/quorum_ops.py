@@ -98,9 +98,9 @@ class Purge:
 
 @dataclass(slots=True)
 class Recover:
-    """A restart: what consumers held, and waiting dead letters, are back in their places, those that
-    consumers held counted as returned, as when a consumer goes.  ``seqs``: only those of them (a new
-    leader's: the waiting dead letters at once, and what no consumer took back within its grace period)."""
+    """A restart: what consumers held is back in its place, counted as returned, as when a consumer goes.
+    ``seqs``: only those of them (a new leader's: what no consumer took back within its grace period).  Waiting
+    dead letters stay waiting (``QuorumQueue._keep_dead``)."""
 
     seqs: list[int] | None = None
 

@@ -235,16 +235,29 @@ class QuorumQueue(Queue):
         if not state.has_facts:  # (made from rows, or from a snapshot: its entries' sizes and expiries are in them)
             state.add_facts(self._stored_facts())
         self._configure()
+        if state.dead:
+            self._keep_dead(set(state.dead))
         if not handover:
-            if state.checked_out or state.dead:
+            if state.checked_out:
                 self._recover(None)
             self._expire_or_arm()
             return
-        if state.dead:
-            self._recover(sorted(state.dead))
         if state.checked_out:
             self._await_consumers(set(state.checked_out))
         self._expire_or_arm()
+
+    def _keep_dead(self, seqs: set[int]) -> None:
+        """At-least-once dead letters no queue took yet still wait, outside the queue's messages, and are tried
+        again, as ``rabbit_fifo``'s dlx state does whose worker a new leader (or a restart) starts again; their
+        entries on disk come into memory, held.  Those whose message the store lost leave."""
+        awaiting = self._awaiting
+        self._page_in_held(seqs)
+        self._awaiting = awaiting
+        lost = sorted(seqs - self.held.keys())
+        if lost:
+            self.run(machine.DeadLettered(lost), [Entry(seq, Message.stored(0, 0)) for seq in lost])
+        if self.state.dead and self._dlx_timer is None:
+            self._dlx_timer = asyncio.get_running_loop().call_later(DLX_RETRY, self._retry_dead_letters)
 
     def _await_consumers(self, awaiting: set[int]) -> None:
         """A new leader keeps the entries checked out before (``awaiting``) apart for the consumers that outlive
@@ -282,15 +295,17 @@ class QuorumQueue(Queue):
                 break
 
     def _keep_apart(self, entry: Entry) -> bool:
-        """An entry paged in that a consumer may take back waits for it out of the ready list, unacked."""
+        """An entry paged in that a consumer may take back waits for it out of the ready list, unacked; a waiting
+        dead letter (``_keep_dead``) waits out of it too, no consumer's."""
         seq = entry.seq
         if seq not in self._awaiting or seq in self.held:
             return False
         self.held[seq] = entry
         size = entry.message.body_size
         self.ready.bytes -= size
-        self.unacked += 1
-        self.unacked_bytes += size
+        if seq not in self.state.dead:
+            self.unacked += 1
+            self.unacked_bytes += size
         return True
 
     def adopt(self, held: list[Checked]) -> list[Entry | None]:

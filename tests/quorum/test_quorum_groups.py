@@ -28,6 +28,7 @@ from amqp_server.errors import ChannelError
 from amqp_server.frontend.stored_bodies import SEND_FROM_FILE
 from amqp_server.message import Message, make_message
 from amqp_server.queues import quorum_queue
+from amqp_server.queues.queue import Queue
 from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
 from amqp_server.records import QueueRecord
@@ -917,7 +918,9 @@ async def test_a_node_killed_right_after_any_group_commit_comes_back_with_a_copy
 
     monkeypatch.setattr(persistence, "_commit", commit_then_maybe_die)
     await client_work(n1, rng, 150)
-    await wait_for(disk.exists, "the drawn commit")
+    while not disk.exists():  # (a loaded machine batches more into each commit)
+        await client_work(n1, rng, 5)
+        await asyncio.sleep(0.01)
     await network.kill(victim.name)
     for other in NAMES:
         network.release(victim.name, other)
@@ -1154,6 +1157,33 @@ async def test_a_deposed_leaders_diverged_copy_keeps_its_rows_of_what_both_had_a
     # the 7 held there that n1 settled or returned alone, the 5 of the 20 n1 settled alone that the new leader has
     # not, the 5 it returned and the 40 published there; none of the 273 others n1 has (a full snapshot: 330)
     assert sent == 7 + 5 + 5 + 40, sent
+
+
+async def test_a_new_leader_keeps_the_at_least_once_dead_letters_waiting_and_tries_them_again(network, monkeypatch):
+    """A dead letter no queue took waits, at least once, outside the queue's messages; the next leader keeps it
+    so (as ``rabbit_fifo``'s dlx state, whose worker the new leader starts again) and tries it again — it put
+    it back among the ready messages, delivered again to the queue's consumers."""
+    monkeypatch.setattr(quorum_queue, "DLX_RETRY", 0.1)
+    n1 = await declared(network, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead",
+                                    "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
+    queue = queue_of(n1)
+    publish(n1, bodies(3))
+    entry = take(queue)
+    n1.broker.settle(queue, [entry], requeue=False, reject=True)  # no queue "dead": it waits
+    assert await copies_agree(network) == bodies(3)[1:]
+    assert list(queue.state.dead) == [entry.seq]
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    new = the_leader(network)
+    await asyncio.sleep(0.3)  # (tries: still no queue for it)
+    assert await copies_agree(network) == bodies(3)[1:]
+    assert list(queue_of(new).state.dead) == [entry.seq] and queue_of(new).message_count == 2
+    vhost = new.broker.vhosts["/"]
+    dead = new.broker.declare_queue(vhost, "dead", durable=True)
+    assert isinstance(dead, Queue)
+    await wait_for(lambda: not queue_of(new).state.dead, "the dead letter taken")
+    assert [e.message.body for e in iter(lambda: dead.get(no_ack=True), None)] == [b"m00000"]
+    assert await copies_agree(network) == bodies(3)[1:]
 
 
 async def test_a_new_leader_keeps_what_consumers_held_for_them_to_take_back(network):

@@ -353,30 +353,29 @@ class QuorumMachine(RuleBasedStateMachine):
     @rule()
     def recover(self) -> None:
         """A new term: what consumers held is back in its place, counted as returned (past the limit,
-        dead-lettered); waiting dead letters too."""
+        dead-lettered); waiting dead letters still wait."""
         model = self.model
         self.remember([self.seq_of(message) for message in model.out])
         over = model.count_return(model.out)
-        model.back_in_place([*(model.out - over), *model.dead])
-        model.out, model.dead = set(), {}
+        model.back_in_place(model.out - over)
+        model.out = set()
         self.run(m.Recover())
         model.dead_letter(sorted(over), "delivery_limit")
         self.expect_sent(sorted(over), "delivery_limit")
 
     @rule(data=st.data())
     def recover_some(self, data) -> None:
-        """A new leader: what no consumer took back within its grace period, and the waiting dead letters, are
-        back in place (held ones counted as returned); the rest stays checked out."""
+        """A new leader: what no consumer took back within its grace period is back in place, counted as
+        returned; the rest stays checked out, and waiting dead letters named too still wait."""
         model = self.model
-        back = data.draw(st.sets(st.sampled_from(sorted(model.out | model.dead.keys() | {-1}))))
-        back.discard(-1)
-        self.remember([self.seq_of(message) for message in back & model.out])
-        over = model.count_return(back & model.out)
+        named = data.draw(st.sets(st.sampled_from(sorted(model.out | model.dead.keys() | {-1}))))
+        named.discard(-1)
+        back = named & model.out
+        self.remember([self.seq_of(message) for message in back])
+        over = model.count_return(back)
         model.back_in_place(back - over)
         model.out -= back
-        for message in back:
-            model.dead.pop(message, None)
-        seqs = [self.seq_of(message) for message in back]
+        seqs = [self.seq_of(message) for message in named]
         seqs.append(self.state.next_seq + 5)  # no such seq, and a ready one: ignored
         if len(self.state.ready):
             first = self.state.ready.first()
