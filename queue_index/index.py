@@ -77,6 +77,8 @@ ENQUEUERS = 0xFFFFFFFC  # reserved queue id: replicas' enqueuers (seq = queue id
 COUNTS = 0xFFFFFFFB  # reserved queue id: the delivery counts past MAX_RETURNS (``COUNT_KEY``, ``COUNT``)
 COUNT_KEY = struct.Struct(">I12s")  # COUNTS, then the entry's key
 COUNT = struct.Struct(">Q")
+WAITING_SHIFT = 56  # a value under COUNTS: the count below these bits, and above them an entry's waiting code + 1
+COUNT_MASK = (1 << WAITING_SHIFT) - 1
 RESERVED = (POSITIONS, MARKS, DROPS, ENQUEUERS, COUNTS)
 
 
@@ -216,11 +218,28 @@ class QueueIndex:
         """``entry`` (of ``key``) with its delivery count from ``COUNTS`` if its flags say it is there."""
         if entry.returns < MAX_RETURNS:
             return entry
-        return entry._replace(returns=self._counts.get(key, MAX_RETURNS))
+        return entry._replace(returns=self._counts.get(key, MAX_RETURNS) & COUNT_MASK)
 
     def returns(self, queue_id: int, seq: int) -> int:
         """The delivery count of an entry whose flags say ``MAX_RETURNS`` (as staged)."""
-        return self._counts.get(KEY.pack(queue_id, seq), MAX_RETURNS)
+        return self._counts.get(KEY.pack(queue_id, seq), MAX_RETURNS) & COUNT_MASK
+
+    def mark_waiting(self, queue_id: int, seq: int, code: int) -> None:
+        """One entry, staged or committed, waits (``code``, < 255: its owner's reason; a quorum queue's dead letter
+        no queue took yet) until it goes or is written otherwise: kept under ``COUNTS`` above its count, which its
+        flags send a reader to."""
+        key = KEY.pack(queue_id, seq)
+        value = self._current(key)
+        if value is None:
+            return
+        count = self._returns(key, _entry(key, value)).returns
+        self._counts[key] = self._counts_staged[key] = count | (code + 1) << WAITING_SHIFT
+        self._reflag(queue_id, seq, MAX_RETURNS << RETURNS_SHIFT, MAX_RETURNS << RETURNS_SHIFT)
+
+    def waiting(self, queue_id: int, seq: int) -> int | None:
+        """The code an entry whose flags say ``MAX_RETURNS`` waits for (``mark_waiting``, as staged); None: none."""
+        code = self._counts.get(KEY.pack(queue_id, seq), 0) >> WAITING_SHIFT
+        return code - 1 if code else None
 
     def _uncount(self, key: bytes) -> None:
         """The entry of ``key`` goes: its count under ``COUNTS`` too, if it has one."""

@@ -234,15 +234,17 @@ class State:
         heapq.heapify(deadlines)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[int, bool, int]], delivery_limit: int | None = None,
+    def from_rows(cls, rows: Iterable[tuple[int, bool, int, str | None]], delivery_limit: int | None = None,
                   at_least_once: bool = False) -> "State":
-        """The state a copy's storage stands for: ``(seq, out, returns)`` rows in seq order, ``out`` the flag
-        (``Held``) of an entry out of the ready list.  (A waiting dead letter reads as checked out: both are
-        flagged, and a new term returns both.)"""
+        """The state a copy's storage stands for: ``(seq, out, returns, waiting)`` rows in seq order, ``out`` the
+        flag (``Held``) of an entry out of the ready list, ``waiting`` the reason of one that waits as a dead
+        letter (``WaitingDead``), else None: checked out (its term unknown)."""
         state = cls(delivery_limit=delivery_limit, at_least_once=at_least_once)
         ready = state.ready
-        for seq, out, returns in rows:
-            if out:
+        for seq, out, returns, waiting in rows:
+            if waiting is not None:
+                state.dead[seq] = waiting
+            elif out:
                 state.checked_out[seq] = 0
             else:
                 ready.add(seq)
@@ -327,6 +329,15 @@ class Drop:
 
 
 @dataclass(slots=True)
+class WaitingDead:
+    """Storage: the entries' rows (flagged, ``Held``) wait as dead letters, for ``reason``, so that a copy read
+    back from its rows keeps them waiting rather than returning them as checked out."""
+
+    seqs: list[int]
+    reason: str
+
+
+@dataclass(slots=True)
 class Clear:
     """Storage: every row goes (a snapshot's state replaces the copy's)."""
 
@@ -339,7 +350,7 @@ class DeadLetterEntries:
     reason: str
 
 
-Effect = Store | Held | Annotate | Move | Unhold | Remove | Drop | Clear | DeadLetterEntries
+Effect = Store | Held | Annotate | Move | Unhold | Remove | Drop | Clear | WaitingDead | DeadLetterEntries
 Effects = tuple[Effect, ...]
 
 
@@ -613,7 +624,8 @@ def _dead_letter(state: State, seqs: list[int], reason: str, ready: bool) -> Eff
         for seq in seqs:
             dead[seq] = reason
         held: Effects = tuple(Held(seq) for seq in seqs) if ready else ()
-        return (*held, DeadLetterEntries(seqs, reason))  # (after: a queue may take them at once, and they go)
+        # (the dead letters last: a queue may take them at once, and they go)
+        return (*held, WaitingDead(seqs, reason), DeadLetterEntries(seqs, reason))
     counts = state.counts
     for seq in seqs:
         counts.pop(seq, None)

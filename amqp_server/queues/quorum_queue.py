@@ -197,13 +197,16 @@ class QuorumQueue(Queue):
             entry.redelivered = True
             self.ready.put_back(entry)
 
+    def _carry_out_waiting(self, effect: machine.WaitingDead) -> None:
+        self.replicas.wait(self.index_id, effect.seqs, effect.reason)
+
     def _carry_out_dead_letters(self, effect: machine.DeadLetterEntries) -> None:
         self._send_dead_letters([self._entry(seq) for seq in effect.seqs], effect.reason)
 
     _CARRY_OUT: ClassVar[dict[type, Callable[[Any, Any], None]]] = {
         machine.Held: _carry_out_held, machine.Annotate: _carry_out_annotate, machine.Remove: _carry_out_remove,
         machine.Move: _carry_out_move,
-        machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold,
+        machine.Drop: _carry_out_drop, machine.Unhold: _carry_out_unhold, machine.WaitingDead: _carry_out_waiting,
         machine.DeadLetterEntries: _carry_out_dead_letters}  # (Store: see store_entry; Clear: followers only)
 
     def _configure(self, apply: bool = True) -> None:
@@ -235,15 +238,13 @@ class QuorumQueue(Queue):
         if not state.has_facts:  # (made from rows, or from a snapshot: its entries' sizes and expiries are in them)
             state.add_facts(self._stored_facts())
         self._configure()
-        if state.dead:
-            self._keep_dead(set(state.dead))
         if not handover:
             if state.checked_out:
                 self._recover(None)
-            self._expire_or_arm()
-            return
-        if state.checked_out:
+        elif state.checked_out:
             self._await_consumers(set(state.checked_out))
+        if state.dead:
+            self._keep_dead(set(state.dead))
         self._expire_or_arm()
 
     def _keep_dead(self, seqs: set[int]) -> None:
@@ -251,7 +252,7 @@ class QuorumQueue(Queue):
         again, as ``rabbit_fifo``'s dlx state does whose worker a new leader (or a restart) starts again; their
         entries on disk come into memory, held.  Those whose message the store lost leave."""
         awaiting = self._awaiting
-        self._page_in_held(seqs)
+        self._page_in_held(seqs | awaiting)  # (what consumers may take back is kept apart as it comes too)
         self._awaiting = awaiting
         lost = sorted(seqs - self.held.keys())
         if lost:
@@ -298,12 +299,13 @@ class QuorumQueue(Queue):
         """An entry paged in that a consumer may take back waits for it out of the ready list, unacked; a waiting
         dead letter (``_keep_dead``) waits out of it too, no consumer's."""
         seq = entry.seq
-        if seq not in self._awaiting or seq in self.held:
+        dead = seq in self.state.dead
+        if seq in self.held or not (dead or seq in self._awaiting):
             return False
         self.held[seq] = entry
         size = entry.message.body_size
         self.ready.bytes -= size
-        if seq not in self.state.dead:
+        if not dead:
             self.unacked += 1
             self.unacked_bytes += size
         return True

@@ -21,6 +21,7 @@ from stream_log import amqp10
 from .. import payload
 from ..message import Message
 from .quorum_machine import State
+from .quorum_ops import REASONS
 
 if TYPE_CHECKING:
     from .persistence import Persistence, StoredQueue
@@ -64,6 +65,13 @@ class ReplicaStore:
 
     def delivered(self, index_id: int, seq: int) -> None:
         self.index.mark_delivered(index_id, seq)
+        self.persistence.stage()
+
+    def wait(self, index_id: int, seqs: list[int], reason: str) -> None:
+        """The entries of these seqs wait as dead letters (``machine.WaitingDead``)."""
+        code = REASONS.index(reason)
+        for seq in seqs:
+            self.index.mark_waiting(index_id, seq, code)
         self.persistence.stage()
 
     def remove(self, index_id: int, seqs: list[int]) -> None:
@@ -182,8 +190,15 @@ class ReplicaStore:
             returns = flags >> RETURNS_SHIFT
             counted = returns != 0
             state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
-            for seq in seqs[returns == MAX_RETURNS].tolist():  # (this many or more: a count past it is kept apart)
-                state.counts[seq] = self.index.returns(index_id, seq)
+            for seq in seqs[returns == MAX_RETURNS].tolist():  # (this many or more, or waiting: kept apart)
+                count, code = self.index.returns(index_id, seq), self.index.waiting(index_id, seq)
+                if count:
+                    state.counts[seq] = count
+                else:
+                    del state.counts[seq]
+                if code is not None:
+                    state.checked_out.pop(seq, None)
+                    state.dead[seq] = REASONS[code]
             state.next_seq = int(seqs[-1]) + 1
         state.enqueuers = self.index.enqueuers(index_id)
         settings = self.index.position_settings(index_id)

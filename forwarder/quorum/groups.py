@@ -1248,6 +1248,11 @@ class QuorumGroups:
         this copy never applied: it counts as annotated there."""
         old = group.index_id
         group.index_id, group.spare, group.state, group.incoming = group.spare, old, incoming.state, None
+        for reason in machine.REASONS:  # (a snapshot's rows are flagged held; which wait as dead letters, its
+            # state says)
+            waiting = sorted(seq for seq, why in group.state.dead.items() if why == reason)
+            if waiting:
+                self.broker.replicas.wait(group.index_id, waiting, reason)
         group.applied_term, group.applied = incoming.term, incoming.at
         group.annotated = max(group.annotated, incoming.at)
         group.history.clear()

@@ -966,6 +966,8 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
         elif isinstance(effect, machine.Unhold):
             for seq, returns in effect.rows:
                 replicas.unhold(index_id, seq, returns)
+        elif isinstance(effect, machine.WaitingDead):
+            replicas.wait(index_id, effect.seqs, effect.reason)
         elif isinstance(effect, machine.Clear):
             replicas.clear(index_id)
         # (DeadLetters: the leader's)
@@ -978,8 +980,7 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
     the last of the ``since`` ops applied since the last check: a row for each entry the state holds and none
     other, flagged if checked out or a waiting dead letter.  :class:`machine.Broken` names the frame's ops."""
     rows = replicas.copy_state(index_id)
-    out = state.checked_out.keys() | state.dead.keys()
-    if rows.ready == state.ready and rows.checked_out.keys() == out:
+    if rows.ready == state.ready and rows.checked_out.keys() == state.checked_out.keys() and rows.dead == state.dead:
         return
     data, end, ops = memoryview(payload), len(payload), []
     if pos < end and data[pos] >= RESET_OP:
@@ -988,5 +989,6 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
         op, pos = decode(data, pos)
         ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
     raise machine.Broken(f"copy {index_id} after {since} ops, the last frame's {ops[:20]}: rows ready {rows.ready}, "
-                         f"out {sorted(rows.checked_out)[:10]}; state ready {state.ready}, out {sorted(out)[:10]}")
+                         f"out {sorted(rows.checked_out)[:10]}, waiting {sorted(rows.dead)[:10]}; state ready "
+                         f"{state.ready}, out {sorted(state.checked_out)[:10]}, waiting {sorted(state.dead)[:10]}")
 

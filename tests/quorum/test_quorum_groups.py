@@ -209,6 +209,10 @@ async def declared(network: Network, **arguments) -> Node:
     return network.nodes["n1"]
 
 
+AT_LEAST_ONCE = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead",  # (no queue "dead": they wait)
+                 "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+
+
 def bodies(count: int, prefix: str = "m") -> list[bytes]:
     return [f"{prefix}{i:05d}".encode() for i in range(count)]
 
@@ -581,6 +585,26 @@ async def test_a_follower_that_missed_more_than_the_log_gets_a_snapshot_while_th
     await copies_agree(network)
 
 
+async def test_a_snapshot_keeps_the_dead_letters_waiting_in_the_copy_it_makes_through_its_restart(network, monkeypatch):
+    """n3 gets a snapshot of a queue with dead letters waiting (at least once): its rows of them are flagged
+    held as the leader's, and its copy, read back from them at a restart, keeps them waiting rather than
+    returning them as checked out — the copy would differ, and lead with them back among the ready messages."""
+    monkeypatch.setattr(quorum_log, "LOG_BYTES", 2_000)
+    n1 = await declared(network, **AT_LEAST_ONCE)
+    queue = queue_of(n1)
+    await network.kill("n3")
+    publish(n1, bodies(200))
+    dead = [take(queue) for _ in range(3)]
+    n1.broker.settle(queue, dead, requeue=False, reject=True)
+    assert sorted(queue.state.dead) == [entry.seq for entry in dead]
+    n3 = await network.start_node("n3")
+    assert await copies_agree(network) == bodies(200)[3:]
+    await network.kill("n3")
+    n3 = await network.start_node("n3")
+    assert sorted(n3.quorum.groups[KEY].state.dead) == [entry.seq for entry in dead]
+    assert await copies_agree(network) == bodies(200)[3:]
+
+
 async def test_a_declaration_whose_claim_meets_a_lapsed_lease_is_declared_and_its_leader_elected(network):
     """Finding (a full suite under load): the declaring node's etcd lease had just lapsed, etcd refused its claim
     ("requested lease not found"), and the declaration failed with 541 INTERNAL_ERROR, the client's connection
@@ -895,9 +919,10 @@ async def test_a_node_killed_right_after_any_group_commit_comes_back_with_a_copy
     """Under random client work, a node (the leader, or a follower) is killed right after one of its group
     commits, drawn at random: nothing it sends after that commit leaves, and it restarts from its disk as that
     commit left it.  Whatever it held then, its copy is the leader's again once caught up — a copy whose rows and
-    position disagree is adopted or continued wrongly, and the copies differ."""
+    position disagree is adopted or continued wrongly, and the copies differ.  (Odd seeds dead-letter at least
+    once, to nowhere: rejected messages wait.)"""
     rng = random.Random(seed)
-    n1 = await declared(network, **{"x-delivery-limit": 3})
+    n1 = await declared(network, **{"x-delivery-limit": 3}, **(AT_LEAST_ONCE if seed % 2 else {}))
     await client_work(n1, rng, 40, b"before")
     await copies_agree(network)
     victim = network.nodes["n1" if seed % 4 else rng.choice(["n2", "n3"])]
@@ -1164,8 +1189,7 @@ async def test_a_new_leader_keeps_the_at_least_once_dead_letters_waiting_and_tri
     so (as ``rabbit_fifo``'s dlx state, whose worker the new leader starts again) and tries it again — it put
     it back among the ready messages, delivered again to the queue's consumers."""
     monkeypatch.setattr(quorum_queue, "DLX_RETRY", 0.1)
-    n1 = await declared(network, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead",
-                                    "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
+    n1 = await declared(network, **AT_LEAST_ONCE)
     queue = queue_of(n1)
     publish(n1, bodies(3))
     entry = take(queue)

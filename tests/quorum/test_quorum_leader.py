@@ -188,7 +188,7 @@ class Leader(RuleBasedStateMachine):
         persistence = self.node.persistence
         rows = self.run(self.node.replicas.copy_state, queue.index_id)
         assert rows.ready == state.ready
-        assert rows.checked_out.keys() == state.checked_out.keys() | state.dead.keys()
+        assert rows.checked_out.keys() == state.checked_out.keys() and rows.dead == state.dead
         assert rows.counts == state.counts
         store = persistence.store
         msg_ids = [row.msg_id for row in persistence.index.entries(queue.index_id)]

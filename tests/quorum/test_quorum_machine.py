@@ -36,6 +36,7 @@ class Row:
     message: int
     held: bool = False  # flagged out of the ready list
     returns: int = 0
+    waiting: str | None = None  # the reason it waits as a dead letter for, if it does
 
 
 class Rows(dict[int, Row]):
@@ -50,6 +51,9 @@ class Rows(dict[int, Row]):
                 self.setdefault(effect.seq, Row(effect.message))
             elif isinstance(effect, m.Held):
                 self[effect.seq].held = True
+            elif isinstance(effect, m.WaitingDead):
+                for seq in effect.seqs:
+                    self[seq].waiting = effect.reason
             elif isinstance(effect, m.Move):
                 row = self.pop(effect.old)
                 self[effect.new] = Row(row.message, False, effect.returns)
@@ -71,7 +75,7 @@ class Rows(dict[int, Row]):
         return sent
 
     def copy(self) -> "Rows":
-        return Rows({seq: Row(row.message, row.held, row.returns) for seq, row in self.items()})
+        return Rows({seq: Row(row.message, row.held, row.returns, row.waiting) for seq, row in self.items()})
 
 
 class Model:
@@ -426,10 +430,11 @@ class QuorumMachine(RuleBasedStateMachine):
             assert row.held == (seq not in state.ready)
             assert row.returns == state.count(seq)
         assert all(seq < state.next_seq for seq in rows)
-        restarted = State.from_rows(((seq, row.held, row.returns) for seq, row in sorted(rows.items())),
+        restarted = State.from_rows(((seq, row.held, row.returns, row.waiting) for seq, row in sorted(rows.items())),
                                     state.delivery_limit, state.at_least_once)
         assert restarted.ready == state.ready
-        assert restarted.checked_out == dict.fromkeys(state.checked_out.keys() | state.dead.keys(), 0)
+        assert restarted.checked_out == dict.fromkeys(state.checked_out, 0)
+        assert restarted.dead == state.dead
         assert restarted.counts == state.counts
 
     @invariant()
@@ -684,7 +689,7 @@ def test_a_copy_that_never_expires_keeps_its_deadlines_bounded():
 def test_a_state_made_from_rows_reads_its_entries_facts_before_it_decides():
     """A snapshot (or a copy's rows after a restart) carries no sizes nor deadlines: the copy reads them from
     its storage (``add_facts``); then the byte limit and the deadlines are the entries'."""
-    state = State.from_rows([(0, False, 0), (1, True, 1), (2, False, 0)])
+    state = State.from_rows([(0, False, 0, None), (1, True, 1, None), (2, False, 0, None)])
     assert not state.has_facts
     state.add_facts([(0, 10, 1_700_000_000_005), (1, 20, 0), (2, 30, 1_700_000_000_001), (9, 99, 0)])
     assert state.has_facts and state.bytes == 40 and state.sizes == {0: 10, 1: 20, 2: 30}

@@ -341,6 +341,46 @@ def test_at_least_once_dead_letters_wait_until_a_queue_takes_them(broker, uid):
         channel.exchange_delete(f"{uid}-dlx")
 
 
+@pytest.mark.warren_only("restarts the node")
+@pytest.mark.parametrize("stop", ["stop", "kill"])
+def test_at_least_once_dead_letters_still_wait_after_a_restart(start_broker, uid, stop):
+    """RabbitMQ keeps them in rabbit_fifo's state (its dlx part), which Ra's snapshots and log restore: after
+    a restart they still wait, outside the message count, and are neither delivered from the queue again nor
+    lost.  Read back from rows, where they were entries held, they came back to the queue as returned ones."""
+    arguments = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+                 "x-dead-letter-exchange": f"{uid}-dlx"}
+    node = start_broker()
+    with connect(node) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        declare(channel, uid, **arguments)
+        for sent in (b"dead", b"live"):
+            channel.basic_publish("", uid, sent, pika.BasicProperties(delivery_mode=2))
+        method, _, _ = _get(channel, uid)
+        channel.basic_reject(method.delivery_tag, requeue=False)  # no such exchange yet: it waits
+        time.sleep(0.5)
+        assert shown(node, uid, "messages_dlx") == 1
+    if stop == "kill":
+        node.kill()
+    else:
+        node.stop()
+    node.start()
+    with connect(node) as connection:
+        channel = connection.channel()
+        assert channel.queue_declare(uid, passive=True).method.message_count == 1
+        assert shown(node, uid, "messages_dlx") == 1
+        channel.exchange_declare(f"{uid}-dlx", "fanout")
+        channel.queue_declare(f"{uid}-dead", durable=True)
+        channel.queue_bind(f"{uid}-dead", f"{uid}-dlx")
+        for _ in range(50):  # the next try finds it a queue
+            method, _, body = channel.basic_get(f"{uid}-dead", auto_ack=True)
+            if method is not None:
+                break
+            time.sleep(0.1)
+        assert body == b"dead"
+        assert [channel.basic_get(uid, auto_ack=True)[2] for _ in range(2)] == [b"live", None]
+
+
 def test_at_least_once_needs_reject_publish(broker, uid):
     """Without x-overflow reject-publish RabbitMQ falls back to at-most-once: an unroutable dead letter goes."""
     with connect(broker) as connection:
