@@ -68,7 +68,9 @@ RETURNS_SHIFT = 2  # the flags' upper six bits: how often the entry came back to
 MAX_RETURNS = 63  # x-delivery-count); more than this: the count is under ``COUNTS``
 COMPACT_MIN_BYTES = 4 << 20
 ARRAY_ACCOUNTING = 32  # entries of one commit from which totals are counted as arrays
-POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index)
+POSITIONS = 0xFFFFFFFF  # reserved queue id: replicas' log positions (seq = queue id, msg_id = term, expiry = index,
+# size = settings), and their next seqs (seq = queue id + NEXT_SEQS, msg_id = next seq)
+NEXT_SEQS = 1 << 32
 MARKS = 0xFFFFFFFE  # reserved queue id: streams' runs (seq = queue id << 32 | number, msg_id = first offset,
 # expiry = publish ms, size = bytes, flags = the stream's)
 DROPS = 0xFFFFFFFD  # reserved queue id: drop marks (seq = queue id << 32 | number, msg_id = start, expiry = end)
@@ -344,29 +346,32 @@ class QueueIndex:
         with self._env.begin() as txn:
             return txn.get(key)
 
-    def set_position(self, queue_id: int, term: int, index: int, settings: int = 0) -> None:
-        """A replica's position in its group's log, committed with the entries staged with it, and ``settings``
-        (a u32 its owner reads back with it: what its state applies ops by at that position).  Staged as an
-        update, written over in place and counted in no totals, as the enqueuers are: a put of a key on disk
-        would make the commit count each of its entries' totals one by one (a replica stages its position
-        with every batch)."""
-        key = KEY.pack(POSITIONS, queue_id)
-        self._deletes.pop(key, None)
-        self._updates[key] = VALUE.pack(term, index, settings, 0)
+    def set_position(self, queue_id: int, term: int, index: int, settings: int = 0, next_seq: int = 0) -> None:
+        """A replica's position in its group's log, committed with the entries staged with it, with ``settings``
+        (a u32 its owner reads back with it: what its state applies ops by at that position) and the seq its
+        next entry takes (which its rows need not show: the last ones may be gone).  Staged as updates, written
+        over in place and counted in no totals, as the enqueuers are: a put of a key on disk would make the
+        commit count each of its entries' totals one by one (a replica stages its position with every batch)."""
+        for seq, value in ((queue_id, VALUE.pack(term, index, settings, 0)),
+                           (queue_id + NEXT_SEQS, VALUE.pack(next_seq, 0, 0, 0))):
+            key = KEY.pack(POSITIONS, seq)
+            self._deletes.pop(key, None)
+            self._updates[key] = value
 
     def position(self, queue_id: int) -> tuple[int, int]:
         """(term, index) last committed for a replica; (0, 0) for none."""
         entry = self.get(POSITIONS, queue_id)
         return (entry.msg_id, entry.expiry) if entry is not None else (0, 0)
 
-    def position_settings(self, queue_id: int) -> int:
-        """The settings last committed with a replica's position (0 for none)."""
-        entry = self.get(POSITIONS, queue_id)
-        return entry.size if entry is not None else 0
+    def position_settings(self, queue_id: int) -> tuple[int, int]:
+        """The settings and the next seq last committed with a replica's position ((0, 0) for none)."""
+        entry, following = self.get(POSITIONS, queue_id), self.get(POSITIONS, queue_id + NEXT_SEQS)
+        return entry.size if entry is not None else 0, following.msg_id if following is not None else 0
 
     def forget_position(self, queue_id: int) -> None:
         """A replica's position, and its enqueuers, go (its copy is dropped)."""
         self.ack(POSITIONS, queue_id)
+        self.ack(POSITIONS, queue_id + NEXT_SEQS)
         self.set_enqueuers(queue_id, {})
 
     def enqueuers(self, queue_id: int) -> dict[int, int]:

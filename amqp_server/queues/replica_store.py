@@ -139,10 +139,12 @@ class ReplicaStore:
     def position(self, index_id: int, term: int, index: int, state: State) -> None:
         """A copy's position in its group's log, and what of its state its rows do not hold, committed with the
         rows staged before them: its enqueuers (a copy restarted from its rows knows which publishes of each
-        window it took: a window sends again what no leader confirmed), and the delivery limit and dead-letter
-        strategy its ops apply by (a follower back without them moved a return past the limit to the back, under
-        the seq the leader's next enqueue took, and skipped that enqueue as one it had)."""
-        self.index.set_position(index_id, term, index, _settings(state))
+        window it took: a window sends again what no leader confirmed), its next seq (its last entries may be
+        gone: an empty copy that came to lead gave seqs the others had passed, and they skipped its enqueues as
+        replays), and the delivery limit and dead-letter strategy its ops apply by (a follower back without them
+        moved a return past the limit to the back, under the seq the leader's next enqueue took, and skipped that
+        enqueue as one it had)."""
+        self.index.set_position(index_id, term, index, _settings(state), state.next_seq)
         self.index.set_enqueuers(index_id, state.enqueuers)
         self.persistence.stage()
 
@@ -201,7 +203,8 @@ class ReplicaStore:
                     state.dead[seq] = REASONS[code]
             state.next_seq = int(seqs[-1]) + 1
         state.enqueuers = self.index.enqueuers(index_id)
-        settings = self.index.position_settings(index_id)
+        settings, next_seq = self.index.position_settings(index_id)
+        state.next_seq = max(state.next_seq, next_seq)  # (the last entries may be gone)
         state.delivery_limit = (settings >> 1) - 1 if settings >> 1 else None
         state.at_least_once = bool(settings & 1)
         return state

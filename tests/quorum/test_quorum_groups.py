@@ -980,6 +980,25 @@ async def test_a_follower_restarted_from_its_rows_keeps_the_delivery_limit_its_c
     assert await copies_agree(network) == bodies(2, "late")
 
 
+async def test_a_copy_restarted_with_its_last_entries_gone_leads_on_from_the_seq_the_others_are_at(network):
+    """Every message was taken and acked: n3's copy has no rows, its state's next seq 10 nowhere in them.  It
+    restarts, then leads (the tie goes to it): its next enqueues must take seqs from 10 on — under seqs the
+    others' states had passed, their copies took them for replays and skipped them (confirmed messages a
+    majority acknowledged without having them)."""
+    n1 = await declared(network)
+    queue = queue_of(n1)
+    publish(n1, bodies(10))
+    n1.broker.settle(queue, [take(queue) for _ in range(10)], requeue=False)
+    assert await copies_agree(network) == []
+    await network.kill("n3")
+    n3 = await network.start_node("n3")
+    await wait_for(lambda: n3.quorum.groups[KEY].leader == "n1", "n3 follows n1")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is n3, "n3 leads")
+    publish(n3, bodies(5, "after"))
+    assert await copies_agree(network) == bodies(5, "after")
+
+
 async def test_a_copy_of_the_previous_term_catches_up_from_the_new_leaders_log(network, caplog):
     """n3 missed the last ops of n1's term when n1 died: n2, elected with them, brings n3's copy to its own with
     the ops it took from n1 (and its own since), not with a snapshot of the whole queue — at every change of
