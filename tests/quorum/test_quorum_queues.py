@@ -307,6 +307,20 @@ def test_transient_messages_in_a_quorum_queue_survive_a_restart_and_nowhere_else
         assert channel.queue_declare(f"{uid}-classic", passive=True).method.message_count == 0
 
 
+def dead_letter_once_routed(channel, uid: str) -> tuple[pika.BasicProperties, bytes]:
+    """The dead-letter exchange ``uid``-dlx is made and bound to a queue: the next try of the waiting dead
+    letter reaches it.  Its properties and body."""
+    channel.exchange_declare(f"{uid}-dlx", "fanout")
+    channel.queue_declare(f"{uid}-dead", durable=True)
+    channel.queue_bind(f"{uid}-dead", f"{uid}-dlx")
+    for _ in range(50):
+        method, properties, body = channel.basic_get(f"{uid}-dead", auto_ack=True)
+        if method is not None:
+            return properties, body
+        time.sleep(0.1)
+    raise AssertionError("no dead letter came")
+
+
 def test_at_least_once_dead_letters_wait_until_a_queue_takes_them(broker, uid):
     """RabbitMQ 3.10 keeps them in the queue (``messages_dlx``), outside its message count."""
     arguments = {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
@@ -326,14 +340,7 @@ def test_at_least_once_dead_letters_wait_until_a_queue_takes_them(broker, uid):
         return  # RabbitMQ 3.10 retries after minutes: the rest is checked on Warren only
     with connect(broker) as connection:
         channel = connection.channel()
-        channel.exchange_declare(f"{uid}-dlx", "fanout")
-        channel.queue_declare(f"{uid}-dead", durable=True)
-        channel.queue_bind(f"{uid}-dead", f"{uid}-dlx")
-        for _ in range(50):  # the next try finds it a queue
-            method, properties, body = channel.basic_get(f"{uid}-dead", auto_ack=True)
-            if method is not None:
-                break
-            time.sleep(0.1)
+        properties, body = dead_letter_once_routed(channel, uid)
         assert body == b"m" and headers_of(properties)["x-death"][0]["reason"] == "rejected"
         assert call(broker, "GET", f"/api/queues/%2F/{q(uid)}").json["messages_dlx"] == 0
         for name in (uid, f"{uid}-dead"):
@@ -369,15 +376,7 @@ def test_at_least_once_dead_letters_still_wait_after_a_restart(start_broker, uid
         channel = connection.channel()
         assert channel.queue_declare(uid, passive=True).method.message_count == 1
         assert shown(node, uid, "messages_dlx") == 1
-        channel.exchange_declare(f"{uid}-dlx", "fanout")
-        channel.queue_declare(f"{uid}-dead", durable=True)
-        channel.queue_bind(f"{uid}-dead", f"{uid}-dlx")
-        for _ in range(50):  # the next try finds it a queue
-            method, _, body = channel.basic_get(f"{uid}-dead", auto_ack=True)
-            if method is not None:
-                break
-            time.sleep(0.1)
-        assert body == b"dead"
+        assert dead_letter_once_routed(channel, uid)[1] == b"dead"
         assert [channel.basic_get(uid, auto_ack=True)[2] for _ in range(2)] == [b"live", None]
 
 
