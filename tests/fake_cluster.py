@@ -503,10 +503,15 @@ class Network:
             self._link(a, b, True)
 
     async def kill(self, name: str) -> None:
-        """The node stops at once: its links drop, its lease lapses (or is revoked by the others), its broker
-        closes as it stood."""
+        """The node stops at once: its links drop, its lease lapses (or is revoked by the others), its disk stays
+        as its last group commit left it."""
         node = self.nodes[name]
         self.down.add(name)  # (first: a dead node sees nothing go)
+        # as a kill -9: no group commit more, and what was staged since the last one is lost with the process
+        # (what that commit wrote stays, in the page cache, synced or not)
+        persistence = node.broker.persistence
+        persistence._closed = True
+        persistence.commit_now = lambda: None  # type: ignore[method-assign]
         for key in [key for key in self.sessions if key[0] == name]:
             del self.sessions[key]
         for other in self.names:
