@@ -22,7 +22,10 @@ A quorum queue's entry keeps how often it came back (its x-delivery-count) in it
 63; past that they say 63, and the count itself is under the reserved queue id ``COUNTS``, keyed ``COUNTS |
 queue id (u32) | seq (u64)`` (a key of its own length: a u64 seq cannot hold both), its value the count (u64).
 Those rows are few (the entries of poison messages), read into memory at open, and go with their entries.  An
-entry an earlier version kept saturated at 63 has no such row: it reads 63, as it did.
+entry an earlier version kept saturated at 63 has no such row: it reads 63, as it did.  A ready entry a quorum
+queue serves before the others (a return to the front, ``quorum_machine.State.returns``) has such a row too, its
+count's ``FRONT`` bit set (they are as few: what consumers held): any change of the entry's count (a delivery, a
+return in place) rewrites the row, and the bit goes.
 
 A stream kept by an earlier version (an entry per message) has its runs (first offset, publish time, bytes)
 under the reserved queue id ``MARKS``, with ``queue id << 32 | run number`` as seq:
@@ -79,8 +82,10 @@ ENQUEUERS = 0xFFFFFFFC  # reserved queue id: replicas' enqueuers (seq = queue id
 COUNTS = 0xFFFFFFFB  # reserved queue id: the delivery counts past MAX_RETURNS (``COUNT_KEY``, ``COUNT``)
 COUNT_KEY = struct.Struct(">I12s")  # COUNTS, then the entry's key
 COUNT = struct.Struct(">Q")
-WAITING_SHIFT = 56  # a value under COUNTS: the count below these bits, and above them an entry's waiting code + 1
+WAITING_SHIFT = 56  # a value under COUNTS: the count below these bits, above them an entry's waiting code + 1
 COUNT_MASK = (1 << WAITING_SHIFT) - 1
+WAITING_MASK = 0x7F  # (the code's bits, below FRONT)
+FRONT = 1 << 63  # in a COUNTS row: the entry is served first
 RESERVED = (POSITIONS, MARKS, DROPS, ENQUEUERS, COUNTS)
 
 
@@ -185,11 +190,12 @@ class QueueIndex:
         self._env.close()
 
     def publish(self, queue_id: int, seq: int, msg_id: int, expiry: int, size: int, delivered: bool = False,
-                transient: bool = False, returns: int = 0) -> None:
+                transient: bool = False, returns: int = 0, front: bool = False) -> None:
+        """``front``: a quorum queue's ready entry served first (``FRONT``)."""
         key = KEY.pack(queue_id, seq)
         self._puts[key] = VALUE.pack(msg_id, expiry, size, (FLAG_DELIVERED if delivered else 0)
                                      | (FLAG_TRANSIENT if transient else 0)
-                                     | (self._count(key, returns) if returns or self._counts else 0))
+                                     | (self._count(key, returns, front) if returns or front or self._counts else 0))
         if self._auto_commit is not None and len(self._puts) >= self._auto_commit:
             self.commit()
 
@@ -205,13 +211,14 @@ class QueueIndex:
         else:
             self._updates[key] = value
 
-    def _count(self, key: bytes, returns: int) -> int:
-        """The flags' bits for an entry that came back ``returns`` times; a count past ``MAX_RETURNS`` is staged
-        under ``COUNTS`` (one of ``MAX_RETURNS`` needs none: it reads so), and one the entry had there goes once
-        it has less."""
-        if returns > MAX_RETURNS:
-            if self._counts.get(key) != returns:
-                self._counts[key] = self._counts_staged[key] = returns
+    def _count(self, key: bytes, returns: int, front: bool = False) -> int:
+        """The flags' bits for an entry that came back ``returns`` times; a count past ``MAX_RETURNS``, or any of an
+        entry served first (``front``), is staged under ``COUNTS`` (one of ``MAX_RETURNS`` needs none: it reads
+        so), and one the entry had there goes once it has less."""
+        if returns > MAX_RETURNS or front:
+            value = returns | FRONT if front else returns
+            if self._counts.get(key) != value:
+                self._counts[key] = self._counts_staged[key] = value
             return MAX_RETURNS << RETURNS_SHIFT
         self._uncount(key)
         return returns << RETURNS_SHIFT
@@ -226,8 +233,12 @@ class QueueIndex:
         """The delivery count of an entry whose flags say ``MAX_RETURNS`` (as staged)."""
         return self._counts.get(KEY.pack(queue_id, seq), MAX_RETURNS) & COUNT_MASK
 
+    def front(self, queue_id: int, seq: int) -> bool:
+        """Whether the entry, whose flags say ``MAX_RETURNS``, is served first (as staged)."""
+        return self._counts.get(KEY.pack(queue_id, seq), 0) & FRONT != 0
+
     def mark_waiting(self, queue_id: int, seq: int, code: int) -> None:
-        """One entry, staged or committed, waits (``code``, < 255: its owner's reason; a quorum queue's dead letter
+        """One entry, staged or committed, waits (``code``, < 127: its owner's reason; a quorum queue's dead letter
         no queue took yet) until it goes or is written otherwise: kept under ``COUNTS`` above its count, which its
         flags send a reader to."""
         key = KEY.pack(queue_id, seq)
@@ -240,7 +251,7 @@ class QueueIndex:
 
     def waiting(self, queue_id: int, seq: int) -> int | None:
         """The code an entry whose flags say ``MAX_RETURNS`` waits for (``mark_waiting``, as staged); None: none."""
-        code = self._counts.get(KEY.pack(queue_id, seq), 0) >> WAITING_SHIFT
+        code = self._counts.get(KEY.pack(queue_id, seq), 0) >> WAITING_SHIFT & WAITING_MASK
         return code - 1 if code else None
 
     def _uncount(self, key: bytes) -> None:

@@ -644,16 +644,17 @@ class Channel:
             self.unacked = {tag: merged[tag] for tag in sorted(merged)}
             self.tx_held = {}
 
-    def _settle(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool, nack: bool = False) -> None:
-        """Acked, requeued, or (``nack``) nacked or rejected: credit returns, and the queues may deliver again;
-        every queue the channel consumes from if its shared limit held them all (as ``rabbit_limiter`` wakes the
-        queues it blocked), not only those the settled entries came from."""
+    def _settle(self, taken: list[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool, nack: bool = False,
+                left: bool = False) -> None:
+        """Acked, requeued (``left``: the channel closed), or (``nack``) nacked or rejected: credit returns, and the
+        queues may deliver again; every queue the channel consumes from if its shared limit held them all (as
+        ``rabbit_limiter`` wakes the queues it blocked), not only those the settled entries came from."""
         held = self.global_prefetch and self.unacked_for_global >= self.global_prefetch
         self.unacked_for_global -= sum(1 for _, _, consumer in taken if consumer is not None and consumer.shares_limit)
         if nack:
             self.broker.nack_taken(taken, requeue)
         else:
-            self.broker.settle_taken(taken, requeue)
+            self.broker.settle_taken(taken, requeue, left=left)
         if self.wanting:
             self._grant()
         if held:
@@ -1226,7 +1227,7 @@ class Channel:
         for consumer in list(self.consumers.values()):
             self._remove_consumer(consumer)
         self.consumers.clear()
-        self._settle(taken, True)
+        self._settle(taken, True, left=True)
         for queue in queues:  # after the requeue: a single active consumer's successor gets those first
             queue.deliver_ready()
 

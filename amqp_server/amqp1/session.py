@@ -233,7 +233,7 @@ class Session:
         if self.unsettled:
             taken = list(self.unsettled.values())
             self.unsettled.clear()
-            self.broker.settle_taken(taken, True)
+            self.broker.settle_taken(taken, True, left=True)
         for link in list(self.confirming):
             link.dropped()
         self.confirming.clear()

@@ -195,10 +195,10 @@ class Messages:
 
     @staticmethod
     def settle(queue: AnyQueue, entries: list[Entry], requeue: bool, reject: bool = False,
-               counted: bool = True, annotations: bytes = b"") -> None:
+               counted: bool = True, annotations: bytes = b"", left: bool = False) -> None:
         """Entries taken with manual ack were acked (reject=False), rejected/nacked, or are requeued (not
-        ``counted``: released, no delivery counted against them); ``annotations``: an AMQP 1.0 modified
-        outcome's (``AnyQueue.modify``)."""
+        ``counted``: released, no delivery counted against them; ``left``: their channel or session went away,
+        ``AnyQueue.requeue_left``); ``annotations``: an AMQP 1.0 modified outcome's (``AnyQueue.modify``)."""
         if queue.deleted:
             queue.settle(entries)
         elif annotations:
@@ -206,7 +206,9 @@ class Messages:
             if not requeue:
                 queue.deliver_ready()
         elif requeue:
-            if counted:
+            if left:
+                queue.requeue_left(entries)
+            elif counted:
                 queue.requeue(entries)
             else:
                 queue.requeue_released(entries)
@@ -231,9 +233,10 @@ class Messages:
         self.settle_taken(taken, requeue, reject=not requeue, counted=counted, annotations=annotations)
 
     def settle_taken(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], requeue: bool,
-                     reject: bool = False, counted: bool = True, annotations: bytes = b"") -> None:
+                     reject: bool = False, counted: bool = True, annotations: bytes = b"", left: bool = False) -> None:
         """Settle what a client held (by a consumer, or None: by basic.get), each queue's entries in one call;
-        the consumers get their credit back.  A requeue not ``counted`` counts no delivery (``requeue_released``)."""
+        the consumers get their credit back.  A requeue not ``counted`` counts no delivery (``requeue_released``);
+        ``left``: the client's channel or session went away (``requeue_left``)."""
         by_queue: dict[AnyQueue, list[Entry]] = {}
         for entry, queue, consumer in taken:
             if consumer is not None:
@@ -245,7 +248,7 @@ class Messages:
                 entries.append(entry)
         settle = self.settle
         for queue, entries in by_queue.items():
-            settle(queue, entries, requeue, reject, counted, annotations)
+            settle(queue, entries, requeue, reject, counted, annotations, left)
 
     def settle_as(self, taken: Iterable[tuple[Entry, AnyQueue, Consumer | None]], mode: SettleMode,
                   annotations: bytes = b"") -> None:

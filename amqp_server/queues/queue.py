@@ -221,6 +221,10 @@ class AnyQueue(Protocol):
 
     def requeue(self, entries: Iterable[Entry]) -> None: ...
 
+    def requeue_left(self, entries: Iterable[Entry]) -> None:
+        """Requeued as ``requeue`` does, because their consumer or its channel went away: a quorum queue serves
+        them first (``rabbit_fifo``'s ``return_all`` of a consumer that went down)."""
+
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         """Requeued as ``requeue`` does, but counting no delivery (AMQP 1.0's ``released``): only a queue that
         counts deliveries (a quorum queue's x-delivery-count) tells the two apart."""
@@ -592,8 +596,8 @@ class Queue:
         Credit only shrinks during one call, so a group none of whose consumers can take more is done.
         """
         ready = self.ready
-        entries, tail = ready.entries, ready.tail
-        if len(entries) == ready.gone and not tail.count:
+        entries, tail, front = ready.entries, ready.tail, ready.front
+        if len(entries) == ready.gone and not tail.count and not front:
             return
         held_back = self.held_back
         for group in self.consumers.groups:
@@ -601,7 +605,7 @@ class Queue:
             n = len(consumers)
             i = group.rr
             idle = 0
-            while (entries or tail.count) and idle < n:
+            while (entries or tail.count or front) and idle < n:
                 if i >= n:
                     i = 0
                 consumer = consumers[i]
@@ -818,6 +822,9 @@ class Queue:
                 self.expire_due()
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
+        self.requeue(entries)
+
+    def requeue_left(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries)
 
     def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:

@@ -9,7 +9,9 @@ agree because they apply the same ops in the same order to the same state.  The 
 codec, are :mod:`quorum_ops`'s (as ``rabbit_fifo``'s command records); ``Restore`` (a snapshot) is here.
 
 The state is what a copy must agree on: the ready entries as runs of seqs (``SeqSet``: a queue's order is its
-seqs' order, a returned entry going to the back under a new seq), the entries out of the ready list (checked
+seqs' order, a returned entry going to the back under a new seq), those of them served first (``returns``:
+returned entries ``rabbit_fifo`` keeps in its ``returns`` queue, in the order they came back, under their new
+seqs), the entries out of the ready list (checked
 out by a consumer, or dead letters waiting for a queue to take them), the delivery counts of entries that came
 back, and the configuration ops depend on.  Beside them, as ``rabbit_fifo`` keeps each message's header, it
 knows its entries' sizes and expiries (not their messages, which are in storage: an op that brings a message
@@ -180,6 +182,7 @@ class State:
     counts: dict[int, int] = field(default_factory=dict)  # times an entry came back (its x-delivery-count), if any
     delivery_limit: int | None = None  # returned more often than this: dead-lettered (delivery_limit)
     at_least_once: bool = False  # dead letters stay until a queue took them (x-dead-letter-strategy)
+    returns: SeqSet = field(default_factory=SeqSet)  # ready entries served before the others (``Return.front``)
     # the next publish seq of each enqueuer (another node's window of publishes, ``Enqueue.enqueuer``), so that a
     # publish sent again to a new leader is taken once; least lately heard of first.  Not the queue's content:
     # a copy keeps them beside its rows (``ReplicaStore.position``), and reads them back at a restart
@@ -204,8 +207,8 @@ class State:
 
     def copy(self) -> "State":
         return State(self.next_seq, self.ready.copy(), dict(self.checked_out), dict(self.dead), dict(self.counts),
-                     self.delivery_limit, self.at_least_once, dict(self.enqueuers), dict(self.sizes),
-                     dict(self.expiries), self.bytes, list(self.deadlines))
+                     self.delivery_limit, self.at_least_once, self.returns.copy(), dict(self.enqueuers),
+                     dict(self.sizes), dict(self.expiries), self.bytes, list(self.deadlines))
 
     @property
     def has_facts(self) -> bool:
@@ -234,20 +237,23 @@ class State:
         heapq.heapify(deadlines)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[tuple[int, bool, int, str | None]], delivery_limit: int | None = None,
+    def from_rows(cls, rows: Iterable[tuple[int, bool, int, bool, str | None]], delivery_limit: int | None = None,
                   at_least_once: bool = False) -> "State":
-        """The state a copy's storage stands for: ``(seq, out, returns, waiting)`` rows in seq order, ``out`` the
-        flag (``Held``) of an entry out of the ready list, ``waiting`` the reason of one that waits as a dead
-        letter (``WaitingDead``), else None: checked out (its term unknown)."""
+        """The state a copy's storage stands for: ``(seq, out, returns, front, waiting)`` rows in seq order, ``out``
+        the flag (``Held``) of an entry out of the ready list, ``front`` that of a ready one served first
+        (``Move.front``), ``waiting`` the reason of one out that waits as a dead letter (``WaitingDead``), else
+        None: checked out (its term unknown)."""
         state = cls(delivery_limit=delivery_limit, at_least_once=at_least_once)
         ready = state.ready
-        for seq, out, returns, waiting in rows:
+        for seq, out, returns, front, waiting in rows:
             if waiting is not None:
                 state.dead[seq] = waiting
             elif out:
                 state.checked_out[seq] = 0
             else:
                 ready.add(seq)
+                if front:
+                    state.returns.add(seq)
             if returns:
                 state.counts[seq] = returns
             state.next_seq = seq + 1
@@ -290,11 +296,13 @@ class Held:
 
 @dataclass(slots=True)
 class Move:
-    """Storage: a returned entry's row goes to ``new`` (the back), unflagged, counting ``returns``."""
+    """Storage: a returned entry's row goes to ``new`` (the back), unflagged, counting ``returns``; ``front``: it
+    is served first (``State.returns``), which the row says, so that a copy read back from its rows knows."""
 
     old: int
     new: int
     returns: int
+    front: bool = False
 
 
 @dataclass(slots=True)
@@ -376,6 +384,8 @@ def check(state: State, op: object = None) -> None:
     """The state's own rules (see the module's docstring); :class:`Broken` names ``op``, the op just applied."""
     ready, out, dead = state.ready, state.checked_out, state.dead
     problems = []
+    if any(seq not in ready for seq in state.returns):
+        problems.append(f"returns not ready: {[seq for seq in state.returns if seq not in ready][:10]}")
     twice = sorted(seq for seq in out if seq in ready or seq in dead)
     twice += sorted(seq for seq in dead if seq in ready)
     if twice:
@@ -406,7 +416,7 @@ def overflow(state: State, max_length: int | None, max_bytes: int | None) -> lis
     if not over_limit(state, max_length, max_bytes):
         return seqs
     count, size, sizes = state.ready.count, state.bytes, state.sizes
-    for seq in state.ready:
+    for seq in ready_order(state):
         seqs.append(seq)
         count -= 1
         size -= sizes.get(seq, 0)
@@ -416,9 +426,20 @@ def overflow(state: State, max_length: int | None, max_bytes: int | None) -> lis
 
 
 def next_ready(state: State) -> int | None:
-    """The seq a consumer gets next (the head of the ready entries), if any: returned entries went to the back."""
-    starts = state.ready.starts  # (SeqSet.first, inline: once per delivery)
+    """The seq a consumer gets next, if any: the first of the ``returns``, else the head of the ready entries
+    (``rabbit_fifo``'s ``take_next_msg``)."""
+    starts = state.returns.starts or state.ready.starts  # (SeqSet.first, inline: once per delivery)
     return starts[0] if starts else None
+
+
+def ready_order(state: State) -> Iterator[int]:
+    """The ready entries in the order they are served: the ``returns``, then the others in seq order."""
+    returns = state.returns
+    yield from returns
+    if returns:
+        yield from (seq for seq in state.ready if seq not in returns)
+    else:
+        yield from state.ready
 
 
 def next_deadline(state: State) -> int | None:
@@ -519,6 +540,14 @@ def _forget(state: State, seqs: Iterable[int]) -> None:
             expiries.pop(seq, None)
 
 
+def _unreturn(state: State, seqs: Iterable[int]) -> None:
+    """Ready entries left: those served first are no longer."""
+    returns = state.returns
+    if returns:
+        for seq in seqs:
+            returns.discard(seq)
+
+
 def _unready(state: State, seqs: Iterable[int]) -> None:
     """Entries left the ready list: their bytes are no longer ready ones'."""
     sizes = state.sizes
@@ -529,6 +558,8 @@ def _checkout(op: Checkout, state: State) -> Effects:
     seq = op.seq
     if not state.ready.discard(seq):
         return ()
+    if state.returns:
+        state.returns.discard(seq)
     state.bytes -= state.sizes.get(seq, 0)
     if op.settled:
         state.counts.pop(seq, None)
@@ -572,6 +603,8 @@ def _return(op: Return, state: State) -> Effects:
             continue
         counts.pop(seq, None)
         state.ready.add(new)
+        if op.front:
+            state.returns.add(new)
         if returns:
             counts[new] = returns
         size = sizes.pop(seq, None)
@@ -581,7 +614,7 @@ def _return(op: Return, state: State) -> Effects:
         expiry = expiries.pop(seq, 0) if expiries else 0
         if expiry:
             _add_deadline(state, new, expiry)
-        effects.append(Move(seq, new, returns))
+        effects.append(Move(seq, new, returns, op.front))
         new += 1
     state.next_seq = max(state.next_seq, new)
     if over:
@@ -594,6 +627,7 @@ def _expire(op: Expire, state: State) -> Effects:
     gone = [seq for seq in op.seqs if ready.discard(seq)]
     if not gone:
         return ()
+    _unreturn(state, gone)
     _unready(state, gone)
     return _dead_letter(state, gone, "expired", True)
 
@@ -608,6 +642,7 @@ def _dead_letter_op(op: DeadLetter, state: State) -> Effects:
             del checked_out[seq]
             from_out.append(seq)
     _unready(state, from_ready)
+    _unreturn(state, from_ready)
     effects = _dead_letter(state, from_ready, op.reason, True) if from_ready else ()
     if not from_out:
         return effects
@@ -648,6 +683,7 @@ def _purge(op: Purge, state: State) -> Effects:
     runs = state.ready.pop_below(op.below)
     if not runs:
         return ()
+    state.returns.pop_below(op.below)
     counts = state.counts
     if counts:
         starts = [start for start, _ in runs]
@@ -730,8 +766,9 @@ _APPLY: Final[Mapping[type, Callable[[Any, State], Effects]]] = MappingProxyType
 
 # -- the state as bytes (a snapshot's first frame; a clean shutdown's saved state) -----------------
 
-_HEAD = struct.Struct(">QqBIIIII")  # next seq, delivery limit (-1: none), at least once, then the counts of:
-# runs (start, end), checked out (seq, term), dead (seq, reason), counts (seq, count), enqueuers (id, next seq)
+_HEAD = struct.Struct(">QqBIIIIII")  # next seq, delivery limit (-1: none), at least once, then the counts of:
+# runs (start, end), checked out (seq, term), dead (seq, reason), counts (seq, count), enqueuers (id, next seq),
+# and the runs of the returns served first (start, end)
 _PAIR = struct.Struct(">QQ")
 _DEAD = struct.Struct(">QB")
 
@@ -739,18 +776,20 @@ _DEAD = struct.Struct(">QB")
 def encode_state(state: State) -> bytes:
     limit = -1 if state.delivery_limit is None else state.delivery_limit
     parts = [_HEAD.pack(state.next_seq, limit, state.at_least_once, len(state.ready.starts),
-                        len(state.checked_out), len(state.dead), len(state.counts), len(state.enqueuers))]
+                        len(state.checked_out), len(state.dead), len(state.counts), len(state.enqueuers),
+                        len(state.returns.starts))]
     parts.extend(_PAIR.pack(start, end) for start, end in state.ready.runs())
     parts.extend(_PAIR.pack(seq, term) for seq, term in sorted(state.checked_out.items()))
     parts.extend(_DEAD.pack(seq, REASONS.index(reason)) for seq, reason in sorted(state.dead.items()))
     parts.extend(_PAIR.pack(seq, count) for seq, count in sorted(state.counts.items()))
     parts.extend(_PAIR.pack(enqueuer, publish) for enqueuer, publish in state.enqueuers.items())
+    parts.extend(_PAIR.pack(start, end) for start, end in state.returns.runs())
     return b"".join(parts)
 
 
 def decode_state(data: bytes | memoryview, pos: int = 0) -> tuple[State, int]:
     """The state encoded at ``pos``, and where its encoding ends."""
-    next_seq, limit, at_least_once, runs, out, dead, counts, enqueuers = _HEAD.unpack_from(data, pos)
+    next_seq, limit, at_least_once, runs, out, dead, counts, enqueuers, returns = _HEAD.unpack_from(data, pos)
     pos += _HEAD.size
     state = State(next_seq, delivery_limit=None if limit < 0 else limit, at_least_once=bool(at_least_once))
     for _ in range(runs):
@@ -771,5 +810,8 @@ def decode_state(data: bytes | memoryview, pos: int = 0) -> tuple[State, int]:
     for _ in range(enqueuers):
         enqueuer, publish = _PAIR.unpack_from(data, pos)
         state.enqueuers[enqueuer] = publish
+        pos += _PAIR.size
+    for _ in range(returns):
+        state.returns.add_run(*_PAIR.unpack_from(data, pos))
         pos += _PAIR.size
     return state, pos

@@ -55,7 +55,10 @@ class Return:
     """Checked-out entries came back (nack or reject with requeue, a consumer gone): each counts one more
     return and goes to the back, the first under seq ``first`` and the next ones after it, unless it passed
     the delivery limit (then it is dead-lettered).  Not ``counted`` (AMQP 1.0's ``released``, RabbitMQ 4.x's
-    return without a delivery failure): each goes to the back with the count it had.  ``annotations`` (AMQP
+    return without a delivery failure): each goes to the back with the count it had.  ``front``: served before
+    every other ready entry, in the order they came back (``rabbit_fifo``'s ``returns``: a return under a
+    delivery limit, and every one of a consumer gone; without a limit ``rabbit_fifo``'s leader turns a nack's
+    return into a ``requeue`` at the back).  ``annotations`` (AMQP
     1.0's ``modified`` outcome, an encoded map of ``x-opt-`` keys): set on the messages first, as ``rabbit_fifo``'s
     ``modify`` sets them in a message's header, so that whichever copy leads later delivers them."""
 
@@ -63,6 +66,7 @@ class Return:
     first: int
     counted: bool = True
     annotations: bytes = b""
+    front: bool = False
 
 
 @dataclass(slots=True)
@@ -120,7 +124,7 @@ LogOp = Enqueue | Checkout | Settle | Return | Expire | DeadLetter | DeadLettere
 
 (ENQUEUE_OP, CHECKOUT_OP, CHECKOUT_SETTLED_OP, SETTLE_OP, RETURN_OP, EXPIRE_OP, DEAD_LETTER_OP, DEAD_LETTERED_OP,
  PURGE_OP, RECOVER_OP, CONFIGURE_OP, RECOVER_SOME_OP, ENQUEUE_FROM_OP, RELEASE_OP, MODIFIED_RETURN_OP,
- MODIFIED_DEAD_LETTER_OP, CHECKOUT_IN_OP) = range(1, 18)
+ MODIFIED_DEAD_LETTER_OP, CHECKOUT_IN_OP, RETURN_FRONT_OP, RELEASE_FRONT_OP) = range(1, 20)
 # seq, expiry, record length, the body's size (a copy need not read it from the record); then the record (the
 # message as a store keeps it)
 ENQUEUE = struct.Struct(">BQQII")
@@ -132,7 +136,10 @@ RETURN = struct.Struct(">BQI")  # the first new seq, a count, then the seqs
 DEAD_LETTER = struct.Struct(">BBI")  # a reason (REASONS), a count, then the seqs
 CONFIGURE = struct.Struct(">BqB")  # delivery limit (-1: none), at least once
 # a Return or DeadLetter with annotations (kinds of their own: the older ones decode as they did): RETURN's or
-# DEAD_LETTER's fields (a return's ``counted`` before its count), the annotations' length; the seqs, the annotations
+# DEAD_LETTER's fields (a return's flags before its count: ``counted``, 1, and ``front``, 2), the annotations'
+# length; the seqs, the annotations.  A return served first has kinds of its own too (RETURN_FRONT, RELEASE_FRONT),
+# with RETURN's fields
+RETURN_COUNTED, RETURN_FRONT = 1, 2
 MODIFIED_RETURN = struct.Struct(">BQBII")
 MODIFIED_DEAD_LETTER = struct.Struct(">BBII")
 
@@ -214,23 +221,29 @@ def _list_codec(kind: int, make: Callable[[list[int]], LogOp]) -> tuple[Callable
     return encode_seqs, decode_seqs
 
 
+_RETURN_KINDS: Final = {(True, False): RETURN_OP, (False, False): RELEASE_OP, (True, True): RETURN_FRONT_OP,
+                        (False, True): RELEASE_FRONT_OP}  # by (counted, front)
+
+
 def _encode_return(op: Return) -> bytes:
     if op.annotations:
-        return b"".join((MODIFIED_RETURN.pack(MODIFIED_RETURN_OP, op.first, op.counted, len(op.seqs),
+        flags = (RETURN_COUNTED if op.counted else 0) | (RETURN_FRONT if op.front else 0)
+        return b"".join((MODIFIED_RETURN.pack(MODIFIED_RETURN_OP, op.first, flags, len(op.seqs),
                                               len(op.annotations)), _seqs(op.seqs), op.annotations))
-    return RETURN.pack(RETURN_OP if op.counted else RELEASE_OP, op.first, len(op.seqs)) + _seqs(op.seqs)
+    return RETURN.pack(_RETURN_KINDS[op.counted, op.front], op.first, len(op.seqs)) + _seqs(op.seqs)
 
 
 def _decode_return(data: memoryview, pos: int) -> tuple[LogOp, int]:
     kind, first, count = RETURN.unpack_from(data, pos)
     seqs, pos = _read_seqs(data, pos + RETURN.size, count)
-    return Return(seqs, first, kind == RETURN_OP), pos
+    return Return(seqs, first, kind in (RETURN_OP, RETURN_FRONT_OP), front=kind >= RETURN_FRONT_OP), pos
 
 
 def _decode_modified_return(data: memoryview, pos: int) -> tuple[LogOp, int]:
-    _, first, counted, count, size = MODIFIED_RETURN.unpack_from(data, pos)
+    _, first, flags, count, size = MODIFIED_RETURN.unpack_from(data, pos)
     seqs, pos = _read_seqs(data, pos + MODIFIED_RETURN.size, count)
-    return Return(seqs, first, bool(counted), bytes(data[pos:pos + size])), pos + size
+    annotations = bytes(data[pos:pos + size])
+    return Return(seqs, first, bool(flags & RETURN_COUNTED), annotations, bool(flags & RETURN_FRONT)), pos + size
 
 
 def _encode_dead_letter(op: DeadLetter) -> bytes:
@@ -290,7 +303,8 @@ _ENCODERS: Final[Mapping[type, Callable[[Any], bytes]]] = MappingProxyType({
 _DECODERS: Final[Mapping[int, Callable[[memoryview, int], tuple[LogOp, int]]]] = MappingProxyType({
     ENQUEUE_OP: _decode_enqueue, ENQUEUE_FROM_OP: _decode_enqueue, CHECKOUT_OP: _decode_checkout,
     CHECKOUT_SETTLED_OP: _decode_checkout, CHECKOUT_IN_OP: _decode_checkout, SETTLE_OP: _SETTLE[1],
-    RETURN_OP: _decode_return, RELEASE_OP: _decode_return, MODIFIED_RETURN_OP: _decode_modified_return,
+    RETURN_OP: _decode_return, RELEASE_OP: _decode_return, RETURN_FRONT_OP: _decode_return,
+    RELEASE_FRONT_OP: _decode_return, MODIFIED_RETURN_OP: _decode_modified_return,
     EXPIRE_OP: _EXPIRE[1], DEAD_LETTER_OP: _decode_dead_letter, MODIFIED_DEAD_LETTER_OP: _decode_modified_dead_letter,
     DEAD_LETTERED_OP: _DEAD_LETTERED[1], PURGE_OP: _decode_purge,
     RECOVER_OP: _decode_recover, RECOVER_SOME_OP: _RECOVER_SOME[1], CONFIGURE_OP: _decode_configure})

@@ -2,9 +2,10 @@
 
 What a client sees differs from a classic queue:
 
-- a message that comes back (nack, reject or a consumer gone) goes to the back of the queue, with a new
-  offset (a classic queue puts it back in its place); RabbitMQ 3.10 does so for a nack without a delivery
-  limit, and serves it first with one and for a consumer gone (docs/compatibility.md);
+- a message that comes back (nack, reject or a consumer gone) gets a new offset (a classic queue puts it back
+  in its place): a nack or reject without a delivery limit sends it to the back; one with a delivery limit,
+  and every return of a consumer or channel gone, serves it before the others, in the order they came back
+  (RabbitMQ 3.10's ``rabbit_fifo`` ``returns``: docs/compatibility.md);
 - a delivery carries an ``x-delivery-count`` header: how many times the message came back (nack or
   reject with requeue, a consumer or channel gone with it unacked, a restart while a consumer held it,
   or a new leader that no consumer took it back from, ``adopt``); RabbitMQ 3.10 sets it on every
@@ -141,6 +142,8 @@ class QuorumQueue(Queue):
         if ready.message_count != len(state.ready) or (state.has_facts and ready.bytes != state.bytes):
             problems.append(f"{ready.message_count} ready of {ready.bytes} bytes, the state has {len(state.ready)} "
                             f"of {state.bytes}")
+        if [entry.seq for entry in ready.front] != list(state.returns):
+            problems.append(f"front {[entry.seq for entry in ready.front][:10]}, the state's {state.returns}")
         if problems:
             raise machine.Broken(f"{self.name}: after {op!r}: {'; '.join(problems)}")
 
@@ -159,13 +162,16 @@ class QuorumQueue(Queue):
                 self.forget(self._entry(seq))
 
     def _carry_out_move(self, effect: machine.Move) -> None:
-        """A returned entry goes to the back as ``new``."""
+        """A returned entry goes to the back as ``new``, or (``front``) to the end of the front."""
         entry = self.held.pop(effect.old)
         old, entry.seq = entry.seq, effect.new
         entry.redelivered = True
         self.next_seq = max(self.next_seq, effect.new + 1)
-        self.replicas.returned(self, old, entry, effect.returns)
-        self.append_entry(entry)
+        self.replicas.returned(self, old, entry, effect.returns, effect.front)
+        if effect.front:
+            self.ready.push_front(entry)
+        else:
+            self.append_entry(entry)
 
     def _carry_out_annotate(self, effect: machine.Annotate) -> None:
         """Held entries' messages take a modified outcome's annotations: each a message of its own, written to the
@@ -235,6 +241,8 @@ class QuorumQueue(Queue):
         seconds is returned then."""
         self.state = state
         self.next_seq = state.next_seq = max(self.next_seq, state.next_seq)
+        if state.returns:
+            self.ready.load_front(list(state.returns))
         if not state.has_facts:  # (made from rows, or from a snapshot: its entries' sizes and expiries are in them)
             state.add_facts(self._stored_facts())
         self._configure()
@@ -732,18 +740,26 @@ class QuorumQueue(Queue):
                 [(mode, Entry(0, SETTLED), (seq, term, agreed or self.agreed(seq)), annotations)
                  for _, mode, seq, term, agreed, annotations in lately])
 
-    def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"") -> None:
-        """Returned entries count one more return and go to the back, under new seqs; those past the delivery
-        limit leave for good.  Not ``counted`` (``requeue_released``), they keep the count they had."""
+    def requeue(self, entries: Iterable[Entry], counted: bool = True, annotations: bytes = b"",
+                left: bool = False) -> None:
+        """Returned entries count one more return and come back under new seqs: served first if the queue has a
+        delivery limit or their consumer went away (``left``), else at the back, as ``rabbit_fifo_client``'s
+        return, which ``rabbit_fifo``'s leader turns into a ``requeue`` (to the back) only without a limit; those
+        past the delivery limit leave for good.  Not ``counted`` (``requeue_released``), they keep the count they
+        had."""
         entries = list(entries)
         self.settled(entries)
-        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted, annotations))
+        front = left or self.state.delivery_limit is not None
+        self.run(machine.Return([entry.seq for entry in entries], self.state.next_seq, counted, annotations, front))
         self.deliver_ready()
         self.drop_overflow()  # (rabbit_fifo's checkout, then evaluate_limit)
         self._expire_or_arm()
 
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries, counted=False)
+
+    def requeue_left(self, entries: Iterable[Entry]) -> None:
+        self.requeue(entries, left=True)
 
     def modify(self, entries: list[Entry], requeue: bool, counted: bool, annotations: bytes) -> None:
         """As RabbitMQ 4.x's quorum queues take a modified outcome: the annotations go with the messages, into

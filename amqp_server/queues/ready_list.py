@@ -7,6 +7,11 @@ seq in memory and every seq a consumer holds (``taken_upto``).  Entries leave fr
 batch per loop turn and dropped in the background, and a purge's.  Where the transient part lives, and the memory
 budget, is :mod:`paging`'s.  A priority queue's ready list (:mod:`priority_queue`) keeps one deque per level, each
 paging on its own: it swaps the store, not the queue.
+
+A quorum queue's entries that came back to the front (``quorum_machine.State.returns``) are served before all
+others, in the order they came back (``front``), always in memory.  Each came back under a new seq, above every
+other: its row (and its row once a consumer took it again) may lie among the tail's on disk, which every read of the
+tail passes over (``apart``), and no drop of the tail takes.
 """
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ import logging
 from bisect import bisect_left
 from collections import deque
 from functools import partial
-from itertools import islice
+from heapq import merge
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sized
 
 import numpy as np
@@ -160,6 +166,10 @@ class ReadyList:
         self._counting = (0, 0, 0)  # where that count goes on from, the entries and bytes counted so far
         self._drop_marks: list[int] = []  # the index's drop marks naming them, forgotten once they are gone
         self.committed_drops = 0  # entries on disk removed by commits, in all (what a commit's answer counts)
+        self.front: deque[Entry] = deque()  # entries served before all others, in the order they came back
+        # the seqs of rows among the tail's on disk that are not the tail's: the front's entries, and those a consumer
+        # took from it (forgotten once the tail is past them for good: ``page_in``)
+        self.apart: set[int] = set()
         # the queue's say on entries read back from disk: one it keeps apart rather than ready (True), whether
         # the entry of a seq came back to the queue before (its redelivered flag), and what it does about an entry
         # whose message the store lost (dropped here)
@@ -177,7 +187,7 @@ class ReadyList:
 
     @property
     def message_count(self) -> int:
-        return len(self.entries) - self.gone + self.tail.count
+        return len(self.entries) - self.gone + self.tail.count + len(self.front)
 
     @property
     def paged(self) -> int:
@@ -210,6 +220,23 @@ class ReadyList:
             return True
         self.entries.append(entry)
         return False
+
+    def push_front(self, entry: Entry) -> None:
+        """A returned entry is served after the others that came back to the front, before all the rest (a
+        quorum queue's; its bytes counted here, and its body if the store alone holds it)."""
+        self.bytes += entry.message.body_size
+        self.front.append(entry)
+        self.apart.add(entry.seq)
+        self.came_back(entry)
+
+    def load_front(self, seqs: list[int]) -> None:
+        """At start (a restart, a new leader's copy, whose entries are all on disk, counted in the tail): the
+        entries of ``seqs`` are the front, in that order, in memory (one whose message the store lost leaves,
+        ``lost``)."""
+        index, queue_id = self.page_index()
+        rows = [row for row in (index.peek(queue_id, seq) for seq in seqs) if row is not None]
+        self.apart.update(seqs)
+        self.bring_in(rows, self.front.append)
 
     def put_back(self, entry: Entry) -> None:
         """A requeued entry goes back where its seq puts it (its bytes are the caller's to count; a body its
@@ -248,7 +275,13 @@ class ReadyList:
                 return
 
     def pop_head(self) -> Entry | None:
-        """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains)."""
+        """The head live entry, out of the ready list (the next batch of the tail comes in as the head drains):
+        the front's first, if any."""
+        front = self.front
+        if front:
+            entry = front.popleft()
+            self.bytes -= entry.message.body_size
+            return entry
         entries, tail = self.entries, self.tail
         while True:
             if tail.count:
@@ -267,7 +300,17 @@ class ReadyList:
         over when the head reaches it); on disk, if it is ``leaving`` the queue (expired: the caller removes it),
         its row is read where it is, else (a quorum queue's checkout, whose row stays) the tail is brought into
         memory up to it first, since a page-in would read its row back as ready, and no page-out takes the tail
-        down past it again (``taken_upto``); None if it is in neither."""
+        down past it again (``taken_upto``); an entry of the front leaves it.  None if it is in neither."""
+        for entry in self.front:  # (few: what consumers held)
+            if entry.seq == seq:
+                self.front.remove(entry)
+                message = entry.message
+                self.bytes -= message.body_size
+                if message.body is None:
+                    self.unheld -= message.body_size
+                if not leaving:
+                    self.taken_upto = max(self.taken_upto, seq)
+                return entry
         if not leaving:
             self.page_in_upto(seq)
             self.taken_upto = max(self.taken_upto, seq)
@@ -307,6 +350,7 @@ class ReadyList:
     def clear(self) -> None:
         """Nothing is ready any more (what was is the caller's to have forgotten)."""
         self.entries.clear()
+        self.front.clear()
         self.gone = 0
         self.bytes = self.unheld = 0
         self.tail.clear()
@@ -362,9 +406,13 @@ class ReadyList:
         index, queue_id = self.page_index()
         room = self.window() - (len(self.entries) - self.gone)
         rows = index.read(queue_id, self.paged_from, self.paged if self.paged <= room else PAGE_IN_BATCH)
-        self.bring_in(rows, self.entries.append)
+        apart = self.apart
+        self.bring_in([row for row in rows if row.seq not in apart] if apart else rows, self.entries.append)
         if rows:
             self.paged_from = rows[-1].seq + 1
+            if apart:  # (a seq the tail is past and not the front's is a consumer's: above it for good, taken_upto)
+                front = {entry.seq for entry in self.front}
+                self.apart = {seq for seq in apart if seq >= self.paged_from or seq in front}
         if not rows or self.paged <= 0:
             self.trust_index()
         return bool(rows)
@@ -471,12 +519,20 @@ class ReadyList:
     def paged_rows(self, start: int, limit: int) -> list[IndexEntry]:
         """Up to ``limit`` index rows of entries on disk with seq >= ``start``, in seq order."""
         index, queue_id = self.page_index()
-        return index.read(queue_id, max(start, self.paged_from, self._drop_below), limit)
+        apart = self.apart
+        rows = index.read(queue_id, max(start, self.paged_from, self._drop_below), limit + len(apart))
+        return [row for row in rows if row.seq not in apart][:limit] if apart else rows
 
     def paged_ranges(self, below: int = 2 ** 64 - 1) -> list[tuple[int, int]]:
-        """The index keys of the entries on disk with seq < ``below`` (``[start, end)`` ranges; a priority
-        queue has one per level)."""
-        return [(self.paged_from, below)]
+        """The index keys of the entries on disk with seq < ``below`` (``[start, end)`` ranges, around the rows
+        that are not the tail's, ``apart``; a priority queue has one per level)."""
+        ranges, start = [], self.paged_from
+        for seq in sorted(self.apart):
+            if start <= seq < below:
+                if start < seq:
+                    ranges.append((start, seq))
+                start = seq + 1
+        return [*ranges, (start, below)] if start < below else ranges
 
     def recover(self, count: int, size: int, last_seq: int | None,
                 expiries: Iterable[tuple[int, int]]) -> tuple[int | None, Iterable[tuple[int, int]]]:
@@ -508,6 +564,8 @@ class ReadyList:
         for entry in self.entries:
             if not entry.gone:
                 self.forget(entry)
+        for entry in self.front:
+            self.forget(entry)
 
     def expire_paged(self, key: int) -> Entry | None:
         """An entry on disk whose time is up leaves the queue without coming into memory."""
@@ -524,11 +582,16 @@ class ReadyList:
         self.bytes -= size
 
     def drop_paged(self, below: int) -> int:
-        """Entries on disk with seq < ``below`` leave the queue, as acked; returns how many."""
-        removed, done = 0, False
-        while not done:
-            taken, done = self._drop_paged_batch(below, PAGE_IN_BATCH)
-            removed += taken
+        """Entries on disk with seq < ``below`` leave the queue, as acked (not the rows ``apart``); returns how
+        many."""
+        removed = 0
+        for start, end in self.paged_ranges(below):
+            self.paged_from = max(self.paged_from, start)
+            done = False
+            while not done:
+                taken, done = self._drop_paged_batch(end, PAGE_IN_BATCH)
+                removed += taken
+        self.paged_from = max(self.paged_from, below)
         return removed
 
     def _drop_paged_batch(self, below: int, limit: int) -> tuple[int, bool]:
@@ -603,6 +666,10 @@ class ReadyList:
         meanwhile by reads, deliveries and expiry) unless every entry on disk is below ``offset``: then they
         leave at once."""
         removed = 0
+        for entry in [entry for entry in self.front if entry.seq < offset]:
+            self.take_out(entry.seq)
+            self.forget(entry)
+            removed += 1
         for entry in self.pop_below(offset):
             if entry.gone:
                 self.gone -= 1
@@ -670,14 +737,19 @@ class ReadyList:
         return pop_below(self.entries, offset)
 
     def span(self, start: int, end: int) -> list[Entry]:
-        """The in-memory ready entries with ``start <= seq < end`` in seq order, dead ones included: one copy
-        of references, which a long read goes through in slices while the queue changes."""
-        ready = self.entries
+        """The in-memory ready entries with ``start <= seq < end`` in seq order (the front's among them), dead ones
+        included: one copy of references, which a long read goes through in slices while the queue changes."""
+        ready, front = self.entries, self._front_in(start, end)
         if not ready or end <= start:
-            return []
+            return front
         first = bisect_left(ready, start, key=_seq) if ready[0].seq < start else 0
         last = bisect_left(ready, end, key=_seq) if ready[-1].seq >= end else len(ready)
-        return list(islice(ready, first, last))
+        found = list(islice(ready, first, last))
+        return sorted([*found, *front], key=_seq) if front else found
+
+    def _front_in(self, start: int, end: int) -> list[Entry]:
+        """The front's entries with ``start <= seq < end``, in seq order (the order they came back in)."""
+        return [entry for entry in self.front if start <= entry.seq < end] if self.front else []
 
     def range_slices(self, start: int, end: int, step: int) -> Iterator[list[Entry]]:
         """The entries with ``start <= seq < end``, at most ``step`` at a time in seq order, dead ones included:
@@ -696,7 +768,8 @@ class ReadyList:
             cursor = memory[min(i + step, len(memory)) - 1].seq + 1
         while cursor < end:
             # entries at or above cursor: any paged in or requeued since (in memory), then those on disk
-            entries = [entry for entry in islice(self.from_seq(cursor), step) if entry.seq < end]
+            entries = [entry for entry in islice(merge(self.from_seq(cursor), self._front_in(cursor, end), key=_seq),
+                                                 step) if entry.seq < end]
             rows = [row for row in self.paged_rows(cursor, step) if row.seq < end] if self.paged else []
             if not entries and not rows:
                 return
@@ -714,6 +787,10 @@ class ReadyList:
         """Ready entries from ``offset`` on in delivery order, without taking them (their bodies may be on disk).
         ``after``: those that follow this entry instead (a long browse goes on where its last slice ended,
         without walking the queue from its head again)."""
+        front = self.front
+        if after is not None and any(entry is after for entry in front):  # (then the others, past the front)
+            following = list(islice(front, [id(entry) for entry in front].index(id(after)) + 1, None))[:count]
+            return following + self.peek(len(front), count - len(following)) if len(following) < count else following
         if after is not None:
             following = list(islice((e for e in self.from_seq(after.seq + 1) if not e.gone), count))
             if len(following) < count and self.paged:
@@ -722,7 +799,7 @@ class ReadyList:
             return following
         entries: list[Entry] = []
         skipped = 0
-        for entry in self.entries:
+        for entry in chain(front, self.entries) if front else self.entries:
             if entry.gone:
                 continue
             if skipped < offset:

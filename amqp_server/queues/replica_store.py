@@ -54,14 +54,15 @@ class ReplicaStore:
         self.store.write(msg_id, (record,), 1)
         self.index.publish(index_id, seq, msg_id, expiry, size, held, returns=returns)
 
-    def store_rows(self, index_id: int, rows: Sequence[tuple[int, bytes | memoryview, int, int, bool, int]]) -> None:
-        """``store_row`` of each of ``rows`` (seq, record, expiry, size, held, returns), the records written in one
-        call: a snapshot's frame of rows (``oplog.apply``)."""
+    def store_rows(self, index_id: int,
+                   rows: Sequence[tuple[int, bytes | memoryview, int, int, bool, int, bool]]) -> None:
+        """``store_row`` of each of ``rows`` (seq, record, expiry, size, held, returns, front: served first), the
+        records written in one call: a snapshot's frame of rows (``oplog.apply``)."""
         msg_ids = self.store.new_ids(len(rows))
         self.store.write_many(msg_ids, [row[1] for row in rows], 1)
         publish = self.index.publish
-        for msg_id, (seq, _, expiry, size, held, returns) in zip(msg_ids, rows):
-            publish(index_id, seq, msg_id, expiry, size, held, returns=returns)
+        for msg_id, (seq, _, expiry, size, held, returns, front) in zip(msg_ids, rows):
+            publish(index_id, seq, msg_id, expiry, size, held, returns=returns, front=front)
 
     def delivered(self, index_id: int, seq: int) -> None:
         self.index.mark_delivered(index_id, seq)
@@ -83,14 +84,15 @@ class ReplicaStore:
                 store.remove(entry.msg_id)
         self.persistence.stage()
 
-    def move(self, index_id: int, old_seq: int, new_seq: int, returns: int) -> None:
+    def move(self, index_id: int, old_seq: int, new_seq: int, returns: int, front: bool = False) -> None:
+        """A returned entry's row goes to ``new_seq``; ``front``: marked served first (``Move.front``)."""
         row = self.index.remove(index_id, old_seq)
         if row is None:
             return
         if old_seq != new_seq and self.index.has(index_id, new_seq):  # (a snapshot read it there already)
             self.store.remove(row.msg_id)
         else:
-            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns)
+            self.index.publish(index_id, new_seq, row.msg_id, row.expiry, row.size, returns=returns, front=front)
         self.persistence.stage()
 
     def annotate(self, index_id: int, seqs: list[int], annotations: bytes) -> None:
@@ -150,13 +152,14 @@ class ReplicaStore:
 
     # -- a leader's queue ---------------------------------------------------------------------------------
 
-    def returned(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int) -> None:
+    def returned(self, queue: StoredQueue, old_seq: int, entry: Entry, returns: int, front: bool = False) -> None:
         """A leader's entry came back to it for the ``returns``-th time (its x-delivery-count) and went to the
-        back, under a new seq: its index entry moves there, ready (the store keeps its message)."""
+        back, under a new seq (``front``: served first): its index entry moves there, ready (the store keeps its
+        message)."""
         message = entry.message
         self.index.ack(queue.index_id, old_seq)
         self.index.publish(queue.index_id, entry.seq, message.msg_id, entry.expiry, message.body_size,
-                           returns=returns)
+                           returns=returns, front=front)
         self.persistence.stage()
 
     def recover_queue(self, queue: StoredQueue) -> None:
@@ -174,7 +177,8 @@ class ReplicaStore:
 
     def copy_state(self, index_id: int) -> State:
         """The replicated state a copy's rows stand for (``State.from_rows``), read as arrays, with the enqueuers
-        kept beside them (``position``)."""
+        kept beside them (``position``).  The ready entries served first are those whose row says so, in seq
+        order, which is the order they came back in (each came back under a new seq)."""
         self.index.commit()
         state = State()
         for seqs, values in self.index.columns(index_id):
@@ -192,8 +196,10 @@ class ReplicaStore:
             returns = flags >> RETURNS_SHIFT
             counted = returns != 0
             state.counts.update(zip(seqs[counted].tolist(), returns[counted].tolist()))
-            for seq in seqs[returns == MAX_RETURNS].tolist():  # (this many or more, or waiting: kept apart)
-                count, code = self.index.returns(index_id, seq), self.index.waiting(index_id, seq)
+            index = self.index
+            for seq, out in zip(seqs[returns == MAX_RETURNS].tolist(), held[returns == MAX_RETURNS].tolist()):
+                # (this many or more, served first, or waiting: kept apart)
+                count, code = index.returns(index_id, seq), index.waiting(index_id, seq)
                 if count:
                     state.counts[seq] = count
                 else:
@@ -201,6 +207,8 @@ class ReplicaStore:
                 if code is not None:
                     state.checked_out.pop(seq, None)
                     state.dead[seq] = REASONS[code]
+                elif not out and index.front(index_id, seq):
+                    state.returns.add(seq)
             state.next_seq = int(seqs[-1]) + 1
         state.enqueuers = self.index.enqueuers(index_id)
         settings, next_seq = self.index.position_settings(index_id)

@@ -552,6 +552,9 @@ class StreamQueue:
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self.requeue(entries)
 
+    def requeue_left(self, entries: Iterable[Entry]) -> None:
+        self.requeue(entries)
+
     def reject(self, entries: list[Entry]) -> None:
         """An AMQP 1.0 reader's rejected outcome: credit comes back, nothing is dead-lettered (no acks counted)."""
         self.unacked -= len(entries)

@@ -64,12 +64,12 @@ HEARTBEAT_INTERVAL = 1.0  # a quiet link sends a heartbeat frame this often
 HEARTBEAT_MISSES = 5  # and is closed after this many intervals without hearing anything
 STALL = (HEARTBEAT_MISSES - 2) * HEARTBEAT_INTERVAL  # a node stalled this long may be heard from no more
 
-LINK_VERSION = 12  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
+LINK_VERSION = 13  # the frames' layout; one more whenever a frame changes (2: DELIVER's seq, RELAY; 3: ENQUEUE;
 # 4: SILENT; 5: SETTLE_RELEASE; 6: CONSUME's filter_set, an AMQP 1.0 consumer's filters the owner applies;
 # 7: MODIFY; 8: CONFIRMS; 9: a quorum log's Enqueue carries its body's size; 10: a Checkout carries its term,
 # DELIVER's AGREED flag, DIFF snapshots, REQUEST's sync and count; 11: DIRECT_REPLY, REQUEST's reply, ALARMS,
 # SHARE, WANT, UNUSED, RECALL, DELIVER's GRANTED flag, CONSUME's shared; 12: a quorum snapshot row's delivery count
-# in a u64)
+# in a u64; 13: a quorum Return served first, the state's returns, a snapshot row's ROW_FRONT)
 VERSION = struct.Struct(">H")
 NONCE_SIZE = 16
 

@@ -741,6 +741,10 @@ class RemoteQueue:
     def requeue_released(self, entries: Iterable[Entry]) -> None:
         self._settle(link.SETTLE_RELEASE, list(entries))
 
+    def requeue_left(self, entries: Iterable[Entry]) -> None:
+        """(The owner's node requeues them as a nack's: its queue is told no consumer went away.)"""
+        self.requeue(entries)
+
     def reject(self, entries: list[Entry]) -> None:
         self._settle(link.SETTLE_REJECT, entries)
 

@@ -1233,7 +1233,8 @@ class QuorumGroups:
                 held = seq in out
                 if held or seq in theirs.ready:
                     store.add_ref(msg_id)
-                    index.publish(spare, seq, msg_id, expiry, size, held, returns=theirs.counts.get(seq, 0))
+                    index.publish(spare, seq, msg_id, expiry, size, held, returns=theirs.counts.get(seq, 0),
+                                  front=seq in theirs.returns)
                     top = seq
             if under < len(seqs):
                 break

@@ -52,11 +52,13 @@ HEAD = struct.Struct(">QQH")  # term, index of the first op, queue key length; t
 # term followed, durable index, the term of the op at that index, wants to catch up, queue key length; then the key
 ACKED = struct.Struct(">QQQBH")
 
-# a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, held, times returned (its
-# delivery count, of no bound: a byte kept 255 of a message returned 300 times), its body's size, record length;
-# then the record
+# a snapshot's row, not an op (ops' kinds, ``quorum_ops``, are below it): seq, expiry, flags (``ROW_HELD``,
+# ``ROW_FRONT``), times returned (its delivery count, of no bound: a byte kept 255 of a message returned 300 times),
+# its body's size, record length; then the record
 ENTRY = struct.Struct(">BQQBQII")
 ENTRY_OP = 20
+ROW_HELD = 1  # out of the ready list (checked out, or a waiting dead letter)
+ROW_FRONT = 2  # ready, served first (``State.returns``)
 # a frame's leading marker, not an op: kind, argument.  RESET (argument: the length of the state that follows):
 # a snapshot starts, the state as it stood at the frame's index; MORE: its rows go on; REPLAY: the ops since
 # the snapshot's index, their storage effects carried out idempotently (the rows are of later states); the
@@ -130,11 +132,11 @@ def _by_size(sizes: list[int]) -> Iterator[tuple[int, int]]:
         yield start, len(sizes)
 
 
-def _entry(entry: "Entry", held: bool, returns: int) -> bytes:
+def _entry(entry: "Entry", flags: int, returns: int) -> bytes:
     """A snapshot's row for ``entry``."""
     head, route, header, body = entry.message.payload()
     size = len(head) + len(route) + len(header) + len(body)
-    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, returns, len(body), size), head,
+    return b"".join((ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, flags, returns, len(body), size), head,
                      route, header, body))
 
 
@@ -539,12 +541,12 @@ class OpLogShipper:
 
     async def _snapshot(self, follower: Follower, theirs: Diverged | None = None) -> None:
         """The state as it stands now, then the queue's entries as rows, a frame (``runs``) and a loop turn at a
-        time (so that nobody waits on a deep queue's), each as it is when it is read, the held ones at the end;
-        then the ops since the state's index.  The follower applies those ops to the state as they were applied
-        here, and carries out their storage effects idempotently (a row may be of a later state already),
-        which brings its rows where the state is.  For a copy that diverged from where this term started
-        (``theirs``), the rows of entries below ``base_seq`` it has are its own (``DIFF``): only the others go,
-        those below first, in seq order as ever."""
+        time (so that nobody waits on a deep queue's), each as it is when it is read (those served first
+        flagged so), the held ones at the end; then the ops since the state's index.  The follower applies those
+        ops to the state as they were applied here, and carries out their storage effects idempotently (a row
+        may be of a later state already), which brings its rows where the state is.  For a copy that diverged
+        from where this term started (``theirs``), the rows of entries below ``base_seq`` it has are its own
+        (``DIFF``): only the others go, those below first, in seq order as ever."""
         queue = self.queue
         start = self.index
         state = machine.encode_state(queue.state)
@@ -580,7 +582,7 @@ class OpLogShipper:
         size = 0
         for low, high in spans:
             for entries, paged in queue.read_parts(low, high, SNAPSHOT_CHUNK):  # entries that arrive meanwhile too
-                for more in self._ready_rows(entries, paged, counts):
+                for more in self._ready_rows(entries, paged, counts, queue.state.returns):
                     rows += more
                     size += sum(map(len, more))
                     if len(rows) >= SNAPSHOT_CHUNK or size >= FRAME_BYTES:
@@ -590,7 +592,7 @@ class OpLogShipper:
                         await asyncio.sleep(0)
         held_entries = sorted((entry for entry in queue.held.values() if entry.seq >= below or entry.seq in held),
                               key=lambda e: e.seq)
-        if not send(rows + self._rows(held_entries, True, counts)):
+        if not send(rows + self._rows(held_entries, ROW_HELD, counts)):
             return
         self.flush()
         since = self.log.after(start) if self.index > start else []
@@ -604,31 +606,33 @@ class OpLogShipper:
         follower.joined = True
         self._answered(follower)
 
-    def _ready_rows(self, entries: list["Entry"], paged: list["IndexEntry"],
-                    counts: Mapping[int, int]) -> Iterator[list[bytes]]:
-        """The rows of a batch of ready entries (``Queue.read_parts``), a run of about ``FRAME_BYTES`` of bodies at
-        a time, each read when it is reached."""
+    def _ready_rows(self, entries: list["Entry"], paged: list["IndexEntry"], counts: Mapping[int, int],
+                    front: machine.SeqSet) -> Iterator[list[bytes]]:
+        """The rows of a batch of ready entries (``Queue.read_parts``; those of ``front`` served first, all in
+        memory), a run of about ``FRAME_BYTES`` of bodies at a time, each read when it is reached."""
         for first, end in _by_size([entry.message.body_size for entry in entries]):
-            yield self._rows([entry for entry in entries[first:end] if not entry.gone], False, counts)
+            yield self._rows([entry for entry in entries[first:end] if not entry.gone], 0, counts, front)
         for first, end in _by_size([row.size for row in paged]):
             yield self._paged_rows(paged[first:end], counts)
 
-    def _rows(self, entries: list["Entry"], held: bool, counts: Mapping[int, int]) -> list[bytes]:
-        """A snapshot's rows of ``entries``: a message in memory as it is, the others as the store keeps their
-        records, read a run of neighbours at a time and never into their messages (a snapshot of a deep queue
-        brings no body into memory, nor into the store's read cache).  One the store lacks has no row: the
-        leader's state drops it when it reaches it."""
+    def _rows(self, entries: list["Entry"], flags: int, counts: Mapping[int, int],
+              front: machine.SeqSet | None = None) -> list[bytes]:
+        """A snapshot's rows of ``entries`` (``flags``: ``ROW_HELD``; ``ROW_FRONT`` those of ``front``): a message
+        in memory as it is, the others as the store keeps their records, read a run of neighbours at a time and
+        never into their messages (a snapshot of a deep queue brings no body into memory, nor into the store's
+        read cache).  One the store lacks has no row: the leader's state drops it when it reaches it."""
         stored = [entry.message.msg_id for entry in entries if entry.message.body is None]
         records = iter(self.groups.broker.persistence.records(stored) if stored else ())
         rows = []
         for entry in entries:
             returns = counts.get(entry.seq, 0)
+            row_flags = flags | ROW_FRONT if front and entry.seq in front else flags
             if entry.message.body is not None:
-                rows.append(_entry(entry, held, returns))
+                rows.append(_entry(entry, row_flags, returns))
                 continue
             record = next(records)
             if record is not None:
-                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, held, returns,
+                rows.append(ENTRY.pack(ENTRY_OP, entry.seq, entry.expiry, row_flags, returns,
                                        entry.message.body_size, len(record)) + record)
         return rows
 
@@ -638,7 +642,7 @@ class OpLogShipper:
         paged = [row for row in paged if not row.transient]
         records = self.groups.broker.persistence.records([row.msg_id for row in paged]) if paged else []
         pack = ENTRY.pack
-        return [pack(ENTRY_OP, row.seq, row.expiry, False, counts.get(row.seq, 0), row.size, len(record))
+        return [pack(ENTRY_OP, row.seq, row.expiry, 0, counts.get(row.seq, 0), row.size, len(record))
                 + record for row, record in zip(paged, records) if record is not None]
 
     def _stop_snapshot(self, follower: Follower) -> None:
@@ -894,12 +898,12 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
     now = _now()
     has, store = replicas.has, replicas.store_row
     stored = False  # rows ``store`` wrote, staged once at the end
-    rows: list[tuple[int, memoryview, int, int, bool, int]] = []  # snapshot rows to write (``store_rows``)
+    rows: list[tuple[int, memoryview, int, int, bool, int, bool]] = []  # snapshot rows to write (``store_rows``)
     top = spare.top if spare is not None else 1 << 64  # (else every row is looked up)
     while pos < end:
         kind = data[pos]
         if kind == ENTRY_OP:
-            _, seq, expiry, held, returns, size, length = ENTRY.unpack_from(data, pos)
+            _, seq, expiry, flags, returns, size, length = ENTRY.unpack_from(data, pos)
             pos += ENTRY.size
             fresh = seq > top
             if fresh:
@@ -908,7 +912,8 @@ def apply(state: machine.State, replicas: "ReplicaStore", index_id: int, payload
                 replicas.store_rows(index_id, rows)
                 rows = []
             if fresh or not has(index_id, seq):
-                rows.append((seq, data[pos:pos + length], expiry, size, bool(held), returns))
+                rows.append((seq, data[pos:pos + length], expiry, size, bool(flags & ROW_HELD), returns,
+                             bool(flags & ROW_FRONT)))
                 stored = True
             pos += length
             continue
@@ -960,7 +965,7 @@ def _carry_out(replicas: "ReplicaStore", index_id: int, effects: machine.Effects
             replicas.annotate(index_id, effect.seqs, effect.annotations)
             annotated = True
         elif isinstance(effect, machine.Move):
-            replicas.move(index_id, effect.old, effect.new, effect.returns)
+            replicas.move(index_id, effect.old, effect.new, effect.returns, effect.front)
         elif isinstance(effect, machine.Drop):
             replicas.drop(index_id, effect.runs)
         elif isinstance(effect, machine.Unhold):
@@ -980,7 +985,8 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
     the last of the ``since`` ops applied since the last check: a row for each entry the state holds and none
     other, flagged if checked out or a waiting dead letter.  :class:`machine.Broken` names the frame's ops."""
     rows = replicas.copy_state(index_id)
-    if rows.ready == state.ready and rows.checked_out.keys() == state.checked_out.keys() and rows.dead == state.dead:
+    if (rows.ready == state.ready and rows.returns == state.returns
+            and rows.checked_out.keys() == state.checked_out.keys() and rows.dead == state.dead):
         return
     data, end, ops = memoryview(payload), len(payload), []
     if pos < end and data[pos] >= RESET_OP:
@@ -989,6 +995,7 @@ def check_copy(state: machine.State, replicas: "ReplicaStore", index_id: int, pa
         op, pos = decode(data, pos)
         ops.append(op if not isinstance(op, machine.Enqueue) else machine.Enqueue(op.seq, op.expiry, None))
     raise machine.Broken(f"copy {index_id} after {since} ops, the last frame's {ops[:20]}: rows ready {rows.ready}, "
-                         f"out {sorted(rows.checked_out)[:10]}, waiting {sorted(rows.dead)[:10]}; state ready "
-                         f"{state.ready}, out {sorted(state.checked_out)[:10]}, waiting {sorted(state.dead)[:10]}")
+                         f"first {rows.returns}, out {sorted(rows.checked_out)[:10]}, waiting "
+                         f"{sorted(rows.dead)[:10]}; state ready {state.ready}, first {state.returns}, out "
+                         f"{sorted(state.checked_out)[:10]}, waiting {sorted(state.dead)[:10]}")
 

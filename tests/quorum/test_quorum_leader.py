@@ -1,5 +1,6 @@
 """A quorum queue's leader (amqp_server.queues.quorum_queue) carries out its state machine's effects: whatever clients
-do — publish, get, ack, nack, reject, purge, commit an offset, let messages expire, restart the node — the
+do — publish, get, ack, nack, reject, go away with what they held, purge, commit an offset, let messages expire,
+restart the node — the
 queue's ready list (in memory and on disk, a small window making it page), the entries it holds, its rows in
 the queue index and its messages' references in the store all stand for the same state, ``queue.state``.
 
@@ -25,6 +26,7 @@ from amqp_server.queues import queue as queue_module
 from amqp_server.broker import Broker
 from amqp_server.message import RELEASE_FROM, make_message
 from amqp_server.queues.quorum_queue import QuorumQueue
+from amqp_server.queues.ready_list import PAGE_IN_BATCH
 from amqp_server.spark_bridge import queue_reads
 from support import local
 
@@ -101,16 +103,16 @@ class Leader(RuleBasedStateMachine):
 
     @rule(no_ack=st.booleans(), count=st.integers(1, 4))
     def get(self, no_ack, count) -> None:
-        """The head, with its delivery count in x-delivery-count (unless it expired on the way: dead-lettered)."""
+        """The head (the first returned to the front, if any), with its delivery count in x-delivery-count (unless
+        it expired on the way: dead-lettered)."""
         for _ in range(count):
             state = self.queue.state
-            head = state.ready.first()
+            head = machine.next_ready(state)
             returns = state.count(head) if head is not None else 0
             entry = self.run(self.queue.get, no_ack)
             if entry is None:
                 assert not state.ready
                 return
-            assert entry.seq >= head
             if entry.seq == head:
                 headers = properties.decode(self.queue.delivery_header(entry, get=True)).headers
                 assert headers is not None and headers["x-delivery-count"] == returns
@@ -124,10 +126,13 @@ class Leader(RuleBasedStateMachine):
         return entries
 
     @precondition(lambda self: self.held)
-    @rule(data=st.data(), how=st.sampled_from(["ack", "requeue", "reject"]))
+    @rule(data=st.data(), how=st.sampled_from(["ack", "requeue", "reject", "left"]))
     def settle(self, data, how) -> None:
+        """Acked, nacked (to the front under a delivery limit), rejected, or held by a client that went away (to
+        the front)."""
         entries = self._some_held(data)
-        self.run(self.node.settle, self.queue, entries, how == "requeue", how == "reject")
+        self.run(lambda: self.node.settle(self.queue, entries, how in ("requeue", "left"), how == "reject",
+                                          left=how == "left"))
 
     @rule()
     def purge(self) -> None:
@@ -174,6 +179,9 @@ class Leader(RuleBasedStateMachine):
     def the_queue_stands_for_its_state(self) -> None:
         queue, state = self.queue, self.queue.state
         assert [entry.seq for entry in self.run(queue.browse, 0, queue.next_seq)] == list(state.ready)
+        assert [entry.seq for entry in queue.ready.front] == list(state.returns)
+        assert [entry.seq for entry in self.run(queue.peek, 0, len(state.ready) + 1)] == list(
+            machine.ready_order(state))
         assert queue.message_count == len(state.ready) == queue.ready.message_count
         assert queue.ready_bytes == state.bytes == queue.ready.bytes
         assert not machine.expired(state.copy(), self.clock)  # (what is due went at once, wherever it was)
@@ -187,7 +195,7 @@ class Leader(RuleBasedStateMachine):
         queue, state = self.queue, self.queue.state
         persistence = self.node.persistence
         rows = self.run(self.node.replicas.copy_state, queue.index_id)
-        assert rows.ready == state.ready
+        assert rows.ready == state.ready and rows.returns == state.returns
         assert rows.checked_out.keys() == state.checked_out.keys() and rows.dead == state.dead
         assert rows.counts == state.counts
         store = persistence.store
@@ -235,6 +243,65 @@ async def test_an_entry_whose_message_the_store_lost_leaves_the_state_too(tmp_pa
     assert got == [b"m%d" % i for i in range(100) if i != lost]
     assert "is missing from the store" in caplog.text
     assert queue.message_count == len(queue.state.ready) == 0 and not queue.state.sizes
+    broker.close()
+
+
+async def test_returns_to_the_front_of_a_deep_queue_pass_over_its_tail_and_come_first_after_a_restart(tmp_path):
+    """What a client that went away held is served first (``rabbit_fifo``'s ``returns``), in the order it came
+    back, under new seqs among the tail's on disk: reads of the tail pass over their rows, and over the row of
+    one taken again; a restart reads them back first (their rows say so), what was held then back in its place."""
+    broker, queue = await paged_quorum_queue(tmp_path)
+    taken = [entry for entry in (queue.get(False) for _ in range(3)) if entry is not None]
+    assert [entry.message.body for entry in taken] == [b"m0", b"m1", b"m2"]
+    broker.settle(queue, [taken[1]], True, left=True)
+    broker.settle(queue, [taken[0]], True, left=True)
+    persistent = commands.Basic.Properties(delivery_mode=2)
+    vhost = broker.vhost("/")
+    for i in range(100, 103):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
+    queue.page_out(0)
+    order = [b"m%d" % i for i in (1, 0, *range(3, 103))]
+    assert [entry.message.body for entry in queue.peek(0, 200)] == order
+    await asyncio.sleep(0.05)  # (the group commit)
+    broker.close()
+    broker = Broker(str(tmp_path), queue_window=WINDOW)
+    recovered = broker.vhost("/").queue("q")
+    assert isinstance(recovered, QuorumQueue)
+    queue = recovered
+    first = queue.get(False)
+    assert first is not None and first.message.body == b"m1"
+    assert queue.returns(first) == 1
+    got = []
+    while (entry := queue.get(True)) is not None:
+        got.append((entry.message.body, queue.returns(entry)))
+    assert got == [(b"m0", 1), (b"m2", 1), *((b"m%d" % i, 0) for i in range(3, 103))]
+    broker.close()
+
+
+async def test_a_purge_of_a_deep_queue_keeps_the_row_of_an_entry_taken_again_from_the_front(tmp_path):
+    """An entry taken again from the front holds a row among the tail's on disk: a purge drops the tail around it
+    (a drop of the whole range took the row and the message's reference from under its consumer, and counted it
+    as a ready entry gone)."""
+    broker, queue = await paged_quorum_queue(tmp_path)
+    vhost, persistent = broker.vhost("/"), commands.Basic.Properties(delivery_mode=2)
+    for i in range(100, 2 * PAGE_IN_BATCH):  # (the front's seq past a page-in's batch of the tail)
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
+    entry = queue.get(False)
+    assert entry is not None
+    broker.settle(queue, [entry], True, left=True)
+    for i in range(2 * PAGE_IN_BATCH, 3 * PAGE_IN_BATCH):
+        broker.publish(vhost, vhost.exchange(""), make_message("", "q", persistent, b"m%d" % i))
+    queue.page_out(0)
+    again = queue.get(False)
+    assert again is not None and again.message.body == b"m0"
+    assert queue.ready.disk_floor < again.seq  # (its row among the tail's)
+    assert queue.purge() == 3 * PAGE_IN_BATCH - 1
+    assert queue.message_count == queue.ready.message_count == queue.ready.paged == 0
+    broker.settle(queue, [again], False)
+    await asyncio.sleep(0.05)  # (the group commit)
+    store = broker.persistence.store
+    assert not list(broker.persistence.index.entries(queue.index_id))
+    assert sum(segment.live for segment in store.segments.values()) == 0
     broker.close()
 
 

@@ -1,5 +1,6 @@
 """The quorum queue's state machine (amqp_server.queues.quorum_machine) against a simple model: a FIFO with
-at-least-once delivery and a delivery count per message, whose messages have sizes and deadlines.
+at-least-once delivery and a delivery count per message, whose messages have sizes and deadlines, and whose
+messages returned to the front are served first, in the order they came back.
 
 A driver plays the leader: it makes the ops a leader makes (the head goes to a consumer, the seqs it names
 are those the state holds; those that expire or that a full queue drops, the machine names), applies them,
@@ -36,6 +37,7 @@ class Row:
     message: int
     held: bool = False  # flagged out of the ready list
     returns: int = 0
+    front: bool = False  # flagged served first (``Move.front``)
     waiting: str | None = None  # the reason it waits as a dead letter for, if it does
 
 
@@ -56,10 +58,10 @@ class Rows(dict[int, Row]):
                     self[seq].waiting = effect.reason
             elif isinstance(effect, m.Move):
                 row = self.pop(effect.old)
-                self[effect.new] = Row(row.message, False, effect.returns)
+                self[effect.new] = Row(row.message, False, effect.returns, effect.front)
             elif isinstance(effect, m.Unhold):
                 for seq, returns in effect.rows:
-                    self[seq].held, self[seq].returns = False, returns
+                    self[seq].held, self[seq].returns, self[seq].front = False, returns, False
             elif isinstance(effect, m.Remove):
                 for seq in effect.seqs:
                     del self[seq]
@@ -75,15 +77,16 @@ class Rows(dict[int, Row]):
         return sent
 
     def copy(self) -> "Rows":
-        return Rows({seq: Row(row.message, row.held, row.returns, row.waiting) for seq, row in self.items()})
+        return Rows({seq: Row(row.message, row.held, row.returns, row.front, row.waiting) for seq, row in self.items()})
 
 
 class Model:
-    """A FIFO: ready messages in the order they will be delivered, messages held by consumers, waiting dead
-    letters, how often each came back, and where each message that left went."""
+    """A FIFO: ready messages in the order they will be delivered (those returned to the front first), messages
+    held by consumers, waiting dead letters, how often each came back, and where each message that left went."""
 
     def __init__(self) -> None:
         self.ready: list[int] = []
+        self.firsts: set[int] = set()  # messages returned to the front (those still ready lead ``ready``)
         self.position: dict[int, int] = {}  # a message's place in the order (a return gives it a new one)
         self.out: set[int] = set()
         self.dead: dict[int, str] = {}
@@ -102,7 +105,15 @@ class Model:
         self.places += 1
 
     def back_in_place(self, messages) -> None:
-        self.ready = sorted([*self.ready, *messages], key=self.position.__getitem__)
+        """Back in their places, behind the front."""
+        self.firsts.difference_update(messages)
+        front = self.front()
+        self.ready = front + sorted([*self.ready[len(front):], *messages], key=self.position.__getitem__)
+
+    def front(self) -> list[int]:
+        front = [message for message in self.ready if message in self.firsts]
+        assert self.ready[:len(front)] == front
+        return front
 
     def leave(self, messages, why: str) -> None:
         for message in messages:
@@ -258,7 +269,7 @@ class QuorumMachine(RuleBasedStateMachine):
     def checkout(self, settled) -> None:
         """The head goes to a consumer: the model's oldest ready message, with the model's delivery count."""
         model = self.model
-        seq = self.state.ready.first()
+        seq = m.next_ready(self.state)
         assert seq is not None  # the precondition: there is a ready message
         message = self.message_at(seq)
         assert message == model.ready[0]
@@ -281,14 +292,14 @@ class QuorumMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.out)
     @rule(data=st.data())
     def return_(self, data) -> None:
-        """Back to the queue, each counted once more (unless released: not counted), behind everything else;
-        past the limit, dead-lettered."""
+        """Back to the queue, each counted once more (unless released: not counted), behind everything else, or
+        (``front``) behind the others returned to the front; past the limit, dead-lettered."""
         model = self.model
         messages = data.draw(st.lists(st.sampled_from(sorted(model.out)), min_size=1, unique=True))
-        counted = data.draw(st.booleans())
+        counted, front = data.draw(st.booleans()), data.draw(st.booleans())
         seqs = [self.seq_of(message) for message in messages]
         self.remember(seqs)
-        self.run(m.Return(seqs, self.state.next_seq, counted))
+        self.run(m.Return(seqs, self.state.next_seq, counted, front=front))
         over = []
         for message in sorted(messages, key=model.position.__getitem__):
             model.out.remove(message)
@@ -298,7 +309,12 @@ class QuorumMachine(RuleBasedStateMachine):
                 continue
             if returns:
                 model.counts[message] = returns
-            model.ready.append(message)
+            if front:
+                model.ready.insert(len(model.front()), message)
+                model.firsts.add(message)
+            else:
+                model.ready.append(message)
+                model.firsts.discard(message)
             model.place(message)
         model.dead_letter(over, "delivery_limit")
         self.expect_sent(over, "delivery_limit")
@@ -345,14 +361,16 @@ class QuorumMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def purge(self, data) -> None:
-        """The first ``count`` ready messages go (all of them: queue.purge; some: a commit below an offset)."""
+        """The ready messages below a seq go (all of them: queue.purge; some: a commit below an offset), those
+        returned to the front among them."""
         model = self.model
         count = data.draw(st.integers(0, len(model.ready)))
         ready = list(self.state.ready)
         below = ready[count] if count < len(ready) else self.state.next_seq
+        purged = [message for message in model.ready if self.seq_of(message) < below]
         self.run(m.Purge(below))
-        model.leave(model.ready[:count], "purged")
-        model.ready = model.ready[count:]
+        model.leave(purged, "purged")
+        model.ready = [message for message in model.ready if message not in purged]
 
     @rule()
     def recover(self) -> None:
@@ -405,7 +423,8 @@ class QuorumMachine(RuleBasedStateMachine):
     @invariant()
     def the_state_is_the_models(self) -> None:
         state, model = self.state, self.model
-        assert [self.message_at(seq) for seq in state.ready] == model.ready
+        assert [self.message_at(seq) for seq in m.ready_order(state)] == model.ready
+        assert [self.message_at(seq) for seq in state.returns] == model.front()
         head = m.next_ready(state)
         assert (self.message_at(head) if head is not None else None) == (model.ready[0] if model.ready else None)
         assert all(m.over_limit(state, limit) == (len(model.ready) > limit) for limit in (0, 1, 5))
@@ -429,10 +448,11 @@ class QuorumMachine(RuleBasedStateMachine):
         for seq, row in rows.items():
             assert row.held == (seq not in state.ready)
             assert row.returns == state.count(seq)
+            assert row.held or row.front == (seq in state.returns)
         assert all(seq < state.next_seq for seq in rows)
-        restarted = State.from_rows(((seq, row.held, row.returns, row.waiting) for seq, row in sorted(rows.items())),
-                                    state.delivery_limit, state.at_least_once)
-        assert restarted.ready == state.ready
+        restarted = State.from_rows(((seq, row.held, row.returns, row.front, row.waiting)
+                                     for seq, row in sorted(rows.items())), state.delivery_limit, state.at_least_once)
+        assert restarted.ready == state.ready and restarted.returns == state.returns
         assert restarted.checked_out == dict.fromkeys(state.checked_out, 0)
         assert restarted.dead == state.dead
         assert restarted.counts == state.counts
@@ -582,6 +602,11 @@ WIRE: list[tuple[ops.LogOp, str]] = [
     (m.DeadLetter([3], "rejected", ANNOTATIONS), "1002000000010000000f0000000000000003" + ANNOTATIONS.hex()),
     (m.DeadLettered([6, 7]), "080000000200000000000000060000000000000007"),
     (m.Purge(100), "090000000000000064"),
+    # a return served first (link version 13): kinds of their own, a modified one's flags byte says so (2)
+    (m.Return([4], 12, front=True), "12000000000000000c000000010000000000000004"),
+    (m.Return([4], 12, False, front=True), "13000000000000000c000000010000000000000004"),
+    (m.Return([4], 12, True, ANNOTATIONS, True),
+     "0f000000000000000c03000000010000000f0000000000000004" + ANNOTATIONS.hex()),
     (m.Recover(), "0a"),
     (m.Recover([3, 4]), "0c0000000200000000000000030000000000000004"),
     (m.Configure(None, False), "0bffffffffffffffff00"),
@@ -626,7 +651,8 @@ def test_an_amqp10_publish_reaches_a_follower_with_its_sections():
 def test_ops_of_seqs_round_trip(seqs, seq, reason):
     for op in (m.Settle(seqs), m.Expire(seqs), m.DeadLettered(seqs), m.Recover(seqs), m.Return(seqs, seq),
                m.Return(seqs, seq, False), m.DeadLetter(seqs, reason), m.Checkout(seq), m.Purge(seq),
-               m.Return(seqs, seq, True, ANNOTATIONS), m.DeadLetter(seqs, reason, ANNOTATIONS)):
+               m.Return(seqs, seq, True, ANNOTATIONS), m.DeadLetter(seqs, reason, ANNOTATIONS),
+               m.Return(seqs, seq, front=True), m.Return(seqs, seq, False, ANNOTATIONS, True)):
         data = ops.encode(op)
         assert ops.decode(memoryview(data), 0) == (op, len(data))
 
@@ -634,7 +660,7 @@ def test_ops_of_seqs_round_trip(seqs, seq, reason):
 def test_the_codec_refuses_what_it_does_not_know():
     with pytest.raises(TypeError):
         ops.encode(m.Restore(State()))  # type: ignore[arg-type]  # (a snapshot goes as rows, not as an op)
-    for kind in (0, *range(18, 256)):  # (17 ops; a frame's rows and markers take 20 on)
+    for kind in (0, *range(20, 256)):  # (19 ops; a frame's rows and markers take 20 on)
         with pytest.raises(ValueError):
             ops.decode(memoryview(bytes((kind,)) + bytes(40)), 0)
 
@@ -689,7 +715,7 @@ def test_a_copy_that_never_expires_keeps_its_deadlines_bounded():
 def test_a_state_made_from_rows_reads_its_entries_facts_before_it_decides():
     """A snapshot (or a copy's rows after a restart) carries no sizes nor deadlines: the copy reads them from
     its storage (``add_facts``); then the byte limit and the deadlines are the entries'."""
-    state = State.from_rows([(0, False, 0, None), (1, True, 1, None), (2, False, 0, None)])
+    state = State.from_rows([(0, False, 0, False, None), (1, True, 1, False, None), (2, False, 0, False, None)])
     assert not state.has_facts
     state.add_facts([(0, 10, 1_700_000_000_005), (1, 20, 0), (2, 30, 1_700_000_000_001), (9, 99, 0)])
     assert state.has_facts and state.bytes == 40 and state.sizes == {0: 10, 1: 20, 2: 30}

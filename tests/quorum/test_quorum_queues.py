@@ -528,8 +528,9 @@ def test_the_delivery_count_survives_a_restart(start_broker, uid, returns):
 def test_a_message_a_consumer_held_when_the_node_went_comes_back_in_its_place_counted(start_broker, uid, how):
     """Its consumer went with the node: as when a consumer goes (RabbitMQ's quorum queues return what a consumer
     that went down held, counting it), it is redelivered with one more in x-delivery-count.  A node that stops
-    closes its connections first, which returns it to the back; one killed finds it on disk as it was, held,
-    and puts it back in its place."""
+    closes its connections first, which returns it to the front (``rabbit_fifo``'s ``return_all`` of a consumer
+    that went down), and its restart finds it there; one killed finds it on disk as it was, held, and puts it
+    back in its place, the head."""
     node = start_broker()
     connection = connect(node)
     channel = connection.channel()
@@ -547,8 +548,7 @@ def test_a_message_a_consumer_held_when_the_node_went_comes_back_in_its_place_co
         got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
         held = (b"a", True, {"x-delivery-count": 1})
         others = [(body, False, {"x-delivery-count": 0}) for body in (b"b", b"c")]
-        assert described(got) == (
-            [*others, held] if how == "stop" else [held, *others])
+        assert described(got) == [held, *others]
 
 
 @pytest.mark.warren_only("kills the node")
@@ -601,20 +601,61 @@ def test_a_no_ack_delivery_carries_the_count_too(broker, uid):
         channel.queue_delete(uid)
 
 
-def test_a_returned_message_goes_to_the_back(broker, uid):
-    """RabbitMQ 3.10's quorum queues put a message that comes back behind the others (a classic queue puts it
-    back in its place)."""
+def _nack_first(connection, channel, uid):
+    method, _, body = _get(channel, uid)
+    assert body == b"a"
+    channel.basic_nack(method.delivery_tag, requeue=True)
+
+
+def _nack_second_then_first(connection, channel, uid):
+    taken = [_get(channel, uid) for _ in range(2)]
+    assert [body for _, _, body in taken] == [b"a", b"b"]
+    for method, _, _ in reversed(taken):
+        channel.basic_nack(method.delivery_tag, requeue=True)
+    time.sleep(0.3)
+    channel.basic_publish("", uid, b"d")
+
+
+def _other_channel_closes(connection, channel, uid):
+    other = connection.channel()
+    assert [_get(other, uid)[2] for _ in range(2)] == [b"a", b"b"]
+    other.close()
+
+
+def _consumer_cancelled_then_closed(connection, channel, uid):
+    other = connection.channel()
+    other.basic_qos(prefetch_count=1)
+    got: list[bytes] = []
+    tag = other.basic_consume(uid, lambda ch, m, p, b: got.append(b))
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        connection.process_data_events(0.1)
+    assert got == [b"a"]
+    other.basic_cancel(tag)
+    other.close()
+
+
+@pytest.mark.parametrize("limit", [None, 10])
+@pytest.mark.parametrize("scenario, served", [
+    (_nack_first, {None: b"bca", 10: b"abc"}),
+    (_nack_second_then_first, {None: b"cbad", 10: b"bacd"}),
+    (_other_channel_closes, {None: b"abc", 10: b"abc"}),
+    (_consumer_cancelled_then_closed, {None: b"abc", 10: b"abc"}),
+])
+def test_where_a_returned_message_goes(broker, uid, scenario, served, limit):
+    """RabbitMQ 3.10's quorum queues serve a returned message first (``rabbit_fifo``'s ``returns``, in the order
+    they came back), except a nack's or reject's without a delivery limit, which ``rabbit_fifo``'s leader turns
+    into a requeue to the back (its ``handle_aux``); what a consumer or a channel that went away held is always
+    served first (``maybe_return_all``).  A classic queue puts it back in its place."""
     with connect(broker) as connection:
         channel = connection.channel()
-        declare(channel, uid)
+        declare(channel, uid, **({} if limit is None else {"x-delivery-limit": limit}))
         for body in (b"a", b"b", b"c"):
             channel.basic_publish("", uid, body)
-        method, _, body = _get(channel, uid)
-        assert body == b"a"
-        channel.basic_nack(method.delivery_tag, requeue=True)
+        scenario(connection, channel, uid)
+        got = [_get(channel, uid)]  # (RabbitMQ returns a message asynchronously)
         time.sleep(0.3)
-        got = [channel.basic_get(uid, auto_ack=True) for _ in range(3)]
-        assert described(got) == [
-            (b"b", False, {"x-delivery-count": 0}), (b"c", False, {"x-delivery-count": 0}),
-            (b"a", True, {"x-delivery-count": 1})]
+        got += [channel.basic_get(uid, auto_ack=True) for _ in range(len(served[limit]))]
+        assert b"".join(body for _, _, body in got if body is not None) == served[limit]
+        assert got[-1][0] is None
         channel.queue_delete(uid)
