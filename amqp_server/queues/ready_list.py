@@ -10,8 +10,8 @@ paging on its own: it swaps the store, not the queue.
 
 A quorum queue's entries that came back to the front (``quorum_machine.State.returns``) are served before all
 others, in the order they came back (``front``), always in memory.  Each came back under a new seq, above every
-other: its row (and its row once a consumer took it again) may lie among the tail's on disk, which every read of the
-tail passes over (``apart``), and no drop of the tail takes.
+other then: its row (and its row once a consumer took it again) may lie among the tail's on disk, which every read
+of the tail passes over (``apart``), and no drop of the tail takes.
 """
 from __future__ import annotations
 

@@ -125,8 +125,8 @@ class RecordSource:
         """Where a reader in another process walks the entries on disk from ``start`` on (``disk_span`` then
         finds their payloads): the queue index's directory, the queue's id there and the first seq, the index
         committed so that the reader sees them.  None where the part on disk is not a seq suffix (a priority
-        queue's levels interleave)."""
-        if self.log or self.queue.ready.ranked:
+        queue's levels interleave; a quorum queue's returns to the front have rows among it, ``ReadyList.apart``)."""
+        if self.log or self.queue.ready.ranked or self.queue.ready.apart:
             return None
         ready = self.queue.ready
         index, queue_id = ready.page_index()

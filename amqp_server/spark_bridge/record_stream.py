@@ -125,8 +125,8 @@ async def _disk_batch(out: ReadOutput, readers: record_reader.RecordReaders, que
     """A record batch of up to ``rows`` ready entries on disk from ``start``, about ``BATCH_BYTES`` of bodies at
     most, written to ``out``: a reader walks the queue index, the loop finds where their payloads lie, the reader
     builds the batch and writes it to the client's socket itself when nothing of ours waits to be written before
-    it (a plain TCP connection), the loop writing only what the socket did not take.  None for a priority
-    queue."""
+    it (a plain TCP connection), the loop writing only what the socket did not take.  None where the part on disk
+    is not a seq suffix (``RecordSource.disk_index``)."""
     where = queue.disk_index(start)
     if where is None:
         return None

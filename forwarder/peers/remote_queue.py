@@ -742,7 +742,7 @@ class RemoteQueue:
         self._settle(link.SETTLE_RELEASE, list(entries))
 
     def requeue_left(self, entries: Iterable[Entry]) -> None:
-        """(The owner's node requeues them as a nack's: its queue is told no consumer went away.)"""
+        """A requeue across the link, which names no consumer gone: the owner's queue takes it as a nack's."""
         self.requeue(entries)
 
     def reject(self, entries: list[Entry]) -> None:

@@ -4,7 +4,8 @@ three real brokers in one event loop, linked by a fake transport and agreeing th
 test_quorum_cluster.py drives the same rules with real processes, a real etcd and kill -9.
 
 After every scenario the followers' copies must be the leader's: the same state (quorum_machine.State) and
-the same rows (seq, held, delivery count, expiry, message) in their queue indexes.
+the same rows (seq, held, delivery count, expiry, message) in their queue indexes, which say the same of what is
+served first (the returns to the front).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from amqp_server.broker import Broker, vhost as vhost_module
 from amqp_server.errors import ChannelError
 from amqp_server.frontend.stored_bodies import SEND_FROM_FILE
 from amqp_server.message import Message, make_message
-from amqp_server.queues import quorum_queue
+from amqp_server.queues import quorum_machine as machine, quorum_queue
 from amqp_server.queues.queue import Queue
 from amqp_server.queues.quorum_queue import QuorumQueue
 from amqp_server.queues.ready import Entry
@@ -172,15 +173,15 @@ def copy_of(node: Node) -> tuple:
 
 
 async def copies_agree(network: Network, restarted: str = "") -> list[bytes]:
-    """Once the followers are in step, every copy is the leader's; the bodies of the ready messages, in order.
-    The copy of ``restarted``, read back from its rows, knows not the terms its checked-out entries were
-    checked out in (``ReplicaStore.copy_state``)."""
+    """Once the followers are in step, every copy is the leader's (and its rows say what is served first); the
+    bodies of the ready messages, in the order they are served.  The copy of ``restarted``, read back from its
+    rows, knows not the terms its checked-out entries were checked out in (``ReplicaStore.copy_state``)."""
     await wait_for(lambda: in_step(network), "the followers in step")
     node = the_leader(network)
     state, rows = copy_of(node)
     assert state == queue_of(node).state
     for name, other in network.nodes.items():
-        if other is not node and name not in network.down:
+        if name not in network.down:
             other_state, other_rows = copy_of(other)
             expected = state
             if restarted in (name, node.name):  # (a term one side knows not is no difference)
@@ -193,7 +194,10 @@ async def copies_agree(network: Network, restarted: str = "") -> list[bytes]:
             assert other_state == expected, name
             assert set(other_rows) ^ set(rows) == set(), name  # (the rows that differ)
             assert other_rows == rows, name
-    return [body_of(record) for seq, record in sorted((row[0], row[4]) for row in rows if row[0] in state.ready)]
+            group = other.quorum.groups[KEY]
+            assert other.broker.replicas.copy_state(group.index_id).returns == state.returns, name
+    records = {row[0]: row[4] for row in rows}
+    return [body_of(records[seq]) for seq in machine.ready_order(state)]
 
 
 def body_of(record: bytes) -> bytes:
@@ -257,6 +261,44 @@ async def client_work(node: Node, rng: random.Random, steps: int, prefix: bytes 
         if rng.random() < 0.2:
             await asyncio.sleep(0)  # a loop turn: what was staged is shipped
     return held
+
+
+async def drain(queue: QuorumQueue) -> list[bytes]:
+    """basic.get with no ack until the queue is empty: the bodies, as they come."""
+    got = []
+    while (entry := queue.get(no_ack=True)) is not None:
+        got.append(entry.message.body)
+    return got
+
+
+async def restarted_in_order(network: Network, name: str) -> None:
+    """``name`` restarts, its state read back from its rows, and catches up: its ready entries, those served first
+    and their counts are the leader's.  (Not all its state: rows keep neither the terms of checkouts nor the
+    queue's arguments, which the leader's ops and its own start bring.)"""
+    await network.kill(name)
+    await network.start_node(name)
+    await wait_for(lambda: in_step(network), "the followers in step")
+    ours, theirs = network.nodes[name].quorum.groups[KEY].state, queue_of(the_leader(network)).state
+    assert (ours.ready, ours.returns, ours.counts) == (theirs.ready, theirs.returns, theirs.counts)
+    assert theirs.returns
+
+
+async def test_returns_to_the_front_are_served_first_by_every_copy_a_restarted_one_and_the_next_leader(network):
+    """Under a delivery limit a nack returns a message to the front (``rabbit_fifo``'s ``returns``, served first
+    in the order they came back): every follower applies it so, one restarted reads it back from its rows, and the
+    next leader serves them first."""
+    node = await declared(network, **{"x-delivery-limit": 5})
+    publish(node, [b"a", b"b", b"c"])
+    queue = queue_of(node)
+    a, b = take(queue), take(queue)
+    node.broker.settle(queue, [b], True)
+    node.broker.settle(queue, [a], True)
+    publish(node, [b"d"])
+    assert await copies_agree(network) == [b"b", b"a", b"c", b"d"]
+    await restarted_in_order(network, "n3")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    assert await drain(queue_of(the_leader(network))) == [b"b", b"a", b"c", b"d"]
 
 
 async def test_a_publish_is_confirmed_once_a_majority_has_it(network):
@@ -603,6 +645,31 @@ async def test_a_snapshot_keeps_the_dead_letters_waiting_in_the_copy_it_makes_th
     n3 = await network.start_node("n3")
     assert sorted(n3.quorum.groups[KEY].state.dead) == [entry.seq for entry in dead]
     assert await copies_agree(network) == bodies(200)[3:]
+
+
+async def test_a_snapshot_brings_the_returns_to_the_front_in_their_order_and_its_rows_say_so(
+        network, monkeypatch, caplog):
+    """A follower that missed more than the log takes a snapshot while messages are returned to the front: its
+    state serves them first in the same order, its rows say so (it reads them back so once restarted), and the
+    next leader among the others serves them first too."""
+    node = await n3_far_behind(network, monkeypatch)
+    queue = queue_of(node)
+    taken = [take(queue) for _ in range(3)]
+    node.broker.settle(queue, [taken[2]], True, left=True)  # (in the snapshot's state and rows)
+    caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
+    network.hold("n1", "n3")
+    await network.start_node("n3")
+    await snapshot_under_way(network)
+    node.broker.settle(queue, [taken[0]], True, left=True)  # (in the ops that follow the snapshot's rows)
+    network.release("n1", "n3")
+    order = [bodies(1000)[1], b"first", *bodies(1000)[2:]]
+    assert await copies_agree(network) == order
+    assert any("n3 takes a snapshot" in record.message for record in caplog.records)
+    await restarted_in_order(network, "n3")
+    await network.kill("n1")
+    await wait_for(lambda: leader(network) is not None, "a new leader")
+    node = the_leader(network)
+    assert await drain(queue_of(node)) == order
 
 
 async def test_a_declaration_whose_claim_meets_a_lapsed_lease_is_declared_and_its_leader_elected(network):
