@@ -649,18 +649,18 @@ async def test_a_snapshot_keeps_the_dead_letters_waiting_in_the_copy_it_makes_th
 
 async def test_a_snapshot_brings_the_returns_to_the_front_in_their_order_and_its_rows_say_so(
         network, monkeypatch, caplog):
-    """A follower that missed more than the log takes a snapshot while messages are returned to the front: its
-    state serves them first in the same order, its rows say so (it reads them back so once restarted), and the
-    next leader among the others serves them first too."""
-    node = await n3_far_behind(network, monkeypatch)
+    """A follower that missed more than the log takes a snapshot while messages are returned to the front (nacks
+    under a delivery limit): its state serves them first in the same order, its rows say so (it reads them back
+    so once restarted), and the next leader among the others serves them first too."""
+    node = await n3_far_behind(network, monkeypatch, None, 5)
     queue = queue_of(node)
     taken = [take(queue) for _ in range(3)]
-    node.broker.settle(queue, [taken[2]], True, left=True)  # (in the snapshot's state and rows)
+    node.broker.settle(queue, [taken[2]], True)  # (in the snapshot's state and rows)
     caplog.set_level(logging.INFO, "warren.forwarder.quorum_log")
     network.hold("n1", "n3")
     await network.start_node("n3")
     await snapshot_under_way(network)
-    node.broker.settle(queue, [taken[0]], True, left=True)  # (in the ops that follow the snapshot's rows)
+    node.broker.settle(queue, [taken[0]], True)  # (in the ops that follow the snapshot's rows)
     network.release("n1", "n3")
     order = [bodies(1000)[1], b"first", *bodies(1000)[2:]]
     assert await copies_agree(network) == order
@@ -765,12 +765,13 @@ async def test_a_turn_of_large_publishes_goes_to_followers_in_frames_a_link_take
     await copies_agree(network)
 
 
-async def n3_far_behind(network: Network, monkeypatch, confirms: Confirms | None = None) -> Node:
+async def n3_far_behind(network: Network, monkeypatch, confirms: Confirms | None = None,
+                        delivery_limit: int | None = None) -> Node:
     """n3 went down, then the leader (n1) took 1,000 messages, more than its log keeps: n3 will need a snapshot
     (of 32 rows a frame, so that it takes many loop turns)."""
     monkeypatch.setattr(quorum_log, "LOG_BYTES", 10_000)
     monkeypatch.setattr(quorum_log, "SNAPSHOT_CHUNK", 32)
-    node = await declared(network)
+    node = await declared(network, **({} if delivery_limit is None else {"x-delivery-limit": delivery_limit}))
     publish(node, [b"first"])
     await copies_agree(network)
     await network.kill("n3")
