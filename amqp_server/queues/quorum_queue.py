@@ -246,22 +246,22 @@ class QuorumQueue(Queue):
         if not state.has_facts:  # (made from rows, or from a snapshot: its entries' sizes and expiries are in them)
             state.add_facts(self._stored_facts())
         self._configure()
+        if state.dead:
+            self._keep_dead(set(state.dead), set(state.checked_out))
         if not handover:
             if state.checked_out:
                 self._recover(None)
         elif state.checked_out:
             self._await_consumers(set(state.checked_out))
-        if state.dead:
-            self._keep_dead(set(state.dead))
         self._expire_or_arm()
 
-    def _keep_dead(self, seqs: set[int]) -> None:
+    def _keep_dead(self, seqs: set[int], out: set[int]) -> None:
         """At-least-once dead letters no queue took yet still wait, outside the queue's messages, and are tried
         again, as ``rabbit_fifo``'s dlx state does whose worker a new leader (or a restart) starts again; their
-        entries on disk come into memory, held.  Those whose message the store lost leave."""
-        awaiting = self._awaiting
-        self._page_in_held(seqs | awaiting)  # (what consumers may take back is kept apart as it comes too)
-        self._awaiting = awaiting
+        entries on disk come into memory, held, and the checked-out ``out`` read on the way too (until a
+        ``Recover`` or the consumers they wait for take them).  Those whose message the store lost leave."""
+        self._page_in_held(seqs | out)
+        self._awaiting = set()
         lost = sorted(seqs - self.held.keys())
         if lost:
             self.run(machine.DeadLettered(lost), [Entry(seq, Message.stored(0, 0)) for seq in lost])
