@@ -51,10 +51,12 @@ class Leader(RuleBasedStateMachine):
     def teardown(self) -> None:
         for module in CLOCKED:
             module.now_ms = self._real_now  # type: ignore[attr-defined]  # the real clock back
-        if self.broker is not None:
-            self.loop.run_until_complete(self._close())
-        self.loop.close()
-        shutil.rmtree(self.data, ignore_errors=True)
+        try:
+            if self.broker is not None:
+                self.loop.run_until_complete(self._close())
+        finally:  # (a failing example's broker may not close cleanly: its directory goes all the same)
+            self.loop.close()
+            shutil.rmtree(self.data, ignore_errors=True)
 
     @property
     def node(self) -> Broker:
